@@ -1,0 +1,113 @@
+"""Attention backends: which implementation of the two paged-attention ops runs.
+
+Upstream counterpart: ``vllm/v1/attention/selector.py`` picks one of many backend
+classes (FlashAttention, FlashInfer, Triton, ...). minivllm has two, with identical
+signatures: the torch oracle in ``reference.py`` and the Triton kernels in
+``triton_ops.py``. ``"auto"`` picks Triton on CUDA and the torch backend on the CPU,
+where interpreted Triton would be correct but slow.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+BACKEND_NAMES = ("auto", "torch", "triton")
+
+
+class ReshapeAndCache(Protocol):
+    """Signature of the cache-write op."""
+
+    def __call__(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None: ...
+
+
+class PagedAttention(Protocol):
+    """Signature of the attention op.
+
+    The keyword-only hints are host-side facts the engine already knows; a backend may
+    use them to pick a launch configuration without reading the device, or ignore them.
+    """
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        scale: float,
+        *,
+        max_query_len: int | None = None,
+        max_seq_len: int | None = None,
+    ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """A named pair of ops: write K/V into the paged cache, attend over it."""
+
+    name: str
+    reshape_and_cache: ReshapeAndCache
+    paged_attention: PagedAttention
+
+
+def triton_available() -> tuple[bool, str]:
+    """Whether the Triton backend can run here, and why not when it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False, "Triton is a Linux-only dependency"
+    try:
+        importlib.import_module("triton")
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        return False, f"triton is not installed ({exc})"
+    return True, ""
+
+
+def get_attn_backend(name: str, device: torch.device) -> AttentionBackend:
+    """Resolve a backend name (``"auto"``, ``"torch"`` or ``"triton"``) for a device."""
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"attention_backend must be one of {BACKEND_NAMES}, got {name!r}")
+    if name == "auto":
+        ok, _ = triton_available()
+        name = "triton" if device.type == "cuda" and ok else "torch"
+    if name == "triton":
+        ok, why = triton_available()
+        if not ok:
+            raise ValueError(f"attention_backend='triton' is unavailable: {why}")
+        from minivllm.attention import triton_ops
+
+        return AttentionBackend("triton", triton_ops.reshape_and_cache, triton_ops.paged_attention)
+    from minivllm.attention import reference
+
+    return AttentionBackend("torch", reference.reshape_and_cache, _reference_paged_attention)
+
+
+def _reference_paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """The torch oracle behind the backend signature (it needs no launch hints)."""
+    from minivllm.attention import reference
+
+    return reference.paged_attention(
+        query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale
+    )

@@ -1,0 +1,114 @@
+"""Resolved engine configuration.
+
+Upstream counterpart: ``vllm/config/`` (``ModelConfig``, ``CacheConfig``,
+``SchedulerConfig``, ``ParallelConfig``, and ``VllmConfig`` which holds them all).
+``EngineArgs`` (``engine/arg_utils.py``) validates user input and produces these; every
+field here is final and checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ModelConfig:
+    """What model to run and in which precision.
+
+    Attributes:
+        model: Local folder holding ``config.json`` and ``*.safetensors`` (a hub id has
+            already been downloaded and replaced by its folder).
+        hf_config: The parsed Hugging Face config (``transformers.PretrainedConfig``).
+        dtype: Parameter and activation dtype.
+        max_model_len: Longest sequence (prompt + output) the engine accepts.
+        eos_token_ids: End-of-sequence ids from the generation config (may be empty).
+        tokenizer: Folder to load the tokenizer from, or None when there is none.
+    """
+
+    model: str
+    hf_config: Any
+    dtype: torch.dtype
+    max_model_len: int
+    eos_token_ids: set[int] = field(default_factory=set)
+    tokenizer: str | None = None
+
+    @property
+    def architecture(self) -> str:
+        """The first architecture named in ``config.json``."""
+        archs = getattr(self.hf_config, "architectures", None) or []
+        return archs[0] if archs else "<none>"
+
+    def get_num_kv_heads(self, tp_size: int = 1) -> int:
+        """KV heads held by one rank (replicated when fewer heads than ranks)."""
+        total = getattr(self.hf_config, "num_key_value_heads", None)
+        total = total or self.hf_config.num_attention_heads
+        return max(1, total // tp_size)
+
+    def get_head_size(self) -> int:
+        """Size of one attention head."""
+        head_dim = getattr(self.hf_config, "head_dim", None)
+        return head_dim or self.hf_config.hidden_size // self.hf_config.num_attention_heads
+
+    def get_num_layers(self) -> int:
+        """Number of decoder layers (one KV cache per layer)."""
+        return self.hf_config.num_hidden_layers
+
+
+@dataclass
+class CacheConfig:
+    """Paged KV cache geometry.
+
+    Attributes:
+        block_size: Tokens per KV block.
+        num_kv_blocks: Blocks in the pool; None until sized (profiling or default).
+        gpu_memory_utilization: Fraction of GPU memory the engine may use in total.
+        enable_prefix_caching: Reuse cached blocks of identical prefixes.
+        cpu_kv_cache_space: GiB of KV cache on the CPU when num_kv_blocks is None.
+    """
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    cpu_kv_cache_space: float = 4.0
+
+
+@dataclass
+class SchedulerConfig:
+    """Per-step budgets.
+
+    Attributes:
+        max_num_seqs: Most requests in one step.
+        max_num_batched_tokens: Most tokens (prefill and decode together) in one step.
+        enable_chunked_prefill: Allow splitting a prompt over several steps.
+        max_model_len: Copied from ModelConfig for the scheduler's checks.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    max_model_len: int = 2048
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is split across processes."""
+
+    tensor_parallel_size: int = 1
+
+
+@dataclass
+class VllmConfig:
+    """Every resolved setting of one engine instance."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    device: torch.device
+    attention_backend: str = "auto"
+    seed: int = 0
+    enforce_eager: bool = True

@@ -1,0 +1,43 @@
+"""Tensor-parallel group state: this process's rank and the group size.
+
+Upstream counterpart: ``vllm/distributed/parallel_state.py``
+(``get_tensor_model_parallel_world_size``, ``get_tensor_model_parallel_rank``).
+Without an initialized group minivllm runs as rank 0 of a group of one, so every
+layer can be written once, tensor-parallel aware, and still run in a single process.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+_TP_GROUP: dist.ProcessGroup | None = None
+
+
+def init_tensor_parallel_group(group: dist.ProcessGroup | None) -> None:
+    """Record the process group layers shard over (None: the default world group)."""
+    global _TP_GROUP
+    _TP_GROUP = group
+
+
+def model_parallel_is_initialized() -> bool:
+    """True when torch.distributed is up, so layers should shard."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_tensor_model_parallel_world_size() -> int:
+    """Number of ranks a tensor-parallel layer is split across (1 when single-process)."""
+    if not model_parallel_is_initialized():
+        return 1
+    return dist.get_world_size(_TP_GROUP)
+
+
+def get_tensor_model_parallel_rank() -> int:
+    """This process's rank within the tensor-parallel group (0 when single-process)."""
+    if not model_parallel_is_initialized():
+        return 0
+    return dist.get_rank(_TP_GROUP)
+
+
+def get_tp_group() -> dist.ProcessGroup | None:
+    """The tensor-parallel process group (None means the default group)."""
+    return _TP_GROUP

@@ -1,0 +1,256 @@
+"""The built site in a real browser: headless Chromium follows a mini: link to its line.
+
+Chromium is driven through the DevTools protocol over ``--remote-debugging-pipe`` (JSON
+messages separated by NUL bytes on file descriptors 3 and 4), so the test needs no
+package beyond the standard library. Screenshots go to ``$MINIVLLM_TEST_ARTIFACTS``
+when it is set, else to the test's temp dir.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from doclinks import line_defines
+
+from tests.docs import DOCS_DIR
+
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "/usr/bin/chromium")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--window-size=1280,900",
+    "--remote-debugging-pipe",
+)
+TIMEOUT_S = 60.0
+
+
+def _chromium() -> str | None:
+    for name in CHROMIUM_CANDIDATES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+class DevTools:
+    """A minimal DevTools-protocol client over Chromium's debugging pipe."""
+
+    def __init__(self, binary: str, user_data_dir: Path) -> None:
+        to_chrome_r, self._to_chrome = os.pipe()
+        self._from_chrome, from_chrome_w = os.pipe()
+
+        def wire_pipes() -> None:  # runs in the child: Chromium expects fds 3 and 4
+            os.dup2(to_chrome_r, 3)
+            os.dup2(from_chrome_w, 4)
+
+        self.proc = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=wire_pipes,
+            pass_fds=(3, 4),
+        )
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self._buffer = b""
+        self._next_id = 0
+        self.events: list[dict] = []
+        self.session: str | None = None
+
+    def _read_message(self, deadline: float) -> dict:
+        while b"\0" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._from_chrome], [], [], left)[0]:
+                raise TimeoutError("Chromium did not answer in time")
+            chunk = os.read(self._from_chrome, 1 << 20)
+            if not chunk:
+                raise RuntimeError("Chromium closed the debugging pipe")
+            self._buffer += chunk
+        raw, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(raw)
+
+    def call(self, method: str, **params: object) -> dict:
+        """Send one command (to the attached page, once attached) and wait for its reply."""
+        self._next_id += 1
+        message: dict = {"id": self._next_id, "method": method, "params": params}
+        if self.session and not method.startswith("Target."):
+            message["sessionId"] = self.session
+        os.write(self._to_chrome, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            reply = self._read_message(deadline)
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_event(self, method: str) -> dict:
+        """Wait for (and consume) the next event of a kind."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            for i, event in enumerate(self.events):
+                if event.get("method") == method:
+                    return self.events.pop(i)
+            self.events.append(self._read_message(deadline))
+
+    def evaluate(self, expression: str) -> object:
+        """Evaluate JavaScript in the page and return its JSON value."""
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def open_page(self) -> None:
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)[
+            "sessionId"
+        ]
+        self.call("Page.enable")
+        self.call("Runtime.enable")
+
+    def navigate(self, url: str) -> None:
+        self.events.clear()
+        self.call("Page.navigate", url=url)
+        self.wait_event("Page.loadEventFired")
+
+    def screenshot(self, path: Path) -> None:
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        path.write_bytes(base64.b64decode(data))
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
+            self.call("Browser.close")
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._to_chrome)
+        os.close(self._from_chrome)
+
+
+@pytest.fixture
+def served_site(built_site) -> Iterator[str]:
+    """The strictly built site, served from a local HTTP server thread."""
+    site, proc = built_site
+    if proc.returncode != 0:
+        pytest.fail(f"the site did not build:\n{proc.stderr}")
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    out = os.environ.get("MINIVLLM_TEST_ARTIFACTS")
+    path = Path(out) / "docs" if out else tmp_path
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _chapter_to_visit() -> str:
+    """The PagedAttention chapter when it exists, else another chapter with mini: links."""
+    for name in ("paged_attention", "attention_backends", "architecture"):
+        if (DOCS_DIR / f"{name}.md").is_file():
+            return name
+    pytest.skip("no chapter to visit yet")
+
+
+FIRST_SOURCE_LINK = """(() => {
+  const a = [...document.querySelectorAll('article a[href]')]
+    .find(a => a.href.includes('/source/minivllm/') && /#L\\d+$/.test(a.href) && a.title);
+  if (!a) return null;
+  a.setAttribute('data-test-follow', '1');
+  return {href: a.href, symbol: a.title, text: a.textContent};
+})()"""
+
+LANDED_LINE = """(() => {
+  const el = document.getElementById(location.hash.slice(1));
+  if (!el) return null;
+  const num = el.querySelector('.mini-lineno');
+  const box = el.getBoundingClientRect();
+  return {
+    hash: location.hash, path: location.pathname,
+    number: num ? num.textContent : null,
+    code: el.textContent.slice(num ? num.textContent.length : 0),
+    isTarget: el.matches(':target'),
+    visible: box.top >= 0 && box.bottom <= window.innerHeight,
+  };
+})()"""
+
+
+def test_browser_follows_mini_link_to_its_line(served_site: str, artifacts: Path, tmp_path):
+    binary = _chromium()
+    if binary is None:
+        pytest.skip(
+            "Chromium is not installed (apt-get install -y chromium chromium-driver); "
+            "the browser test needs it"
+        )
+    browser = DevTools(binary, tmp_path / "chromium-profile")
+    try:
+        browser.open_page()
+        browser.navigate(f"{served_site}/")
+        assert "minivllm" in str(browser.evaluate("document.title"))
+        home_link = browser.evaluate(FIRST_SOURCE_LINK)
+        assert home_link, "the home page has no rendered mini: link"
+        browser.screenshot(artifacts / "home.png")
+
+        chapter = _chapter_to_visit()
+        browser.navigate(f"{served_site}/{chapter}/")
+        link = browser.evaluate(FIRST_SOURCE_LINK)
+        assert link, f"{chapter} has no rendered mini: link"
+        browser.screenshot(artifacts / f"{chapter}.png")
+
+        # Click it as a reader would, and wait for the source page to load.
+        browser.events.clear()
+        browser.evaluate("document.querySelector('a[data-test-follow]').click()")
+        browser.wait_event("Page.loadEventFired")
+        time.sleep(0.3)  # let the browser finish scrolling to the fragment
+        landed = browser.evaluate(LANDED_LINE)
+        browser.screenshot(artifacts / f"{chapter}-link-target.png")
+    finally:
+        browser.close()
+
+    assert landed, f"no element for the anchor of {link['href']}"
+    assert landed["path"].startswith("/source/minivllm/")
+    assert landed["isTarget"] and landed["visible"], landed
+    assert landed["hash"] == "#L" + landed["number"]
+    shown = re.fullmatch(r".+\.py:(\d+)", link["text"].strip())
+    if shown:  # the default rendering, file.py:LINE, names the line it lands on
+        assert shown[1] == landed["number"], (link, landed)
+    assert line_defines(landed["code"], link["symbol"]), (link, landed)
+

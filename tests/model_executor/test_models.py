@@ -1,0 +1,134 @@
+"""Llama / Qwen2 / Qwen3 over a paged KV cache agree with Hugging Face transformers.
+
+Each model is loaded with ``get_model`` from a tiny random-weight checkpoint, run on a
+prefill of several sequences of different lengths (one flat batch, a shuffled block
+table), then one decode step over the cached prefixes; every logit row is compared with
+the HF model run on the same full sequence.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from minivllm.config import ModelConfig
+from minivllm.model_executor.loader import get_model
+from minivllm.model_executor.models.llama import LlamaForCausalLM
+from minivllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from minivllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+from tests.model_executor.paged_forward import PagedForward
+from tests.tiny_models import load_hf_model, make_tiny_model
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    # Small, so that head_dim 16's frequencies fall in all three bands of the scaling.
+    "original_max_position_embeddings": 64,
+}
+
+CASES = {
+    "llama": ("llama", {}, LlamaForCausalLM),
+    "qwen2": ("qwen2", {}, Qwen2ForCausalLM),
+    "qwen3": ("qwen3", {}, Qwen3ForCausalLM),
+    "llama-tied": ("llama", {"tie_word_embeddings": True}, LlamaForCausalLM),
+    "llama-rope-llama3": ("llama", {"rope_parameters": LLAMA3_ROPE}, LlamaForCausalLM),
+    # head_dim * heads != hidden_size, as in Qwen3-0.6B (1024 hidden, 16 x 128 heads).
+    "qwen3-wide-heads": ("qwen3", {"head_dim": 32}, Qwen3ForCausalLM),
+}
+
+PROMPTS = [
+    [5, 17, 300, 42, 8, 99, 1, 250, 7],
+    [11, 400],
+    [3, 3, 3, 90, 511, 200, 64, 18, 27, 33, 45, 2, 6, 77],
+]
+NEXT_TOKENS = [12, 501, 9]
+
+
+def _load(path: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    hf_config = transformers.AutoConfig.from_pretrained(path)
+    config = ModelConfig(model=str(path), hf_config=hf_config, dtype=dtype, max_model_len=128)
+    return get_model(config, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request, tmp_path_factory):
+    arch, overrides, cls = CASES[request.param]
+    path = make_tiny_model(arch, tmp_path_factory.mktemp(request.param), **overrides)
+    return path, cls
+
+
+def _hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([tokens])).logits[0]
+
+
+def test_prefill_then_decode_matches_hf(case):
+    path, cls = case
+    model = _load(path)
+    hf_model = load_hf_model(path)
+    assert type(model) is cls
+    runner = PagedForward(model, num_seqs=len(PROMPTS))
+
+    logits = runner.step(PROMPTS)
+    assert logits.shape == (sum(map(len, PROMPTS)), hf_model.config.vocab_size)
+    expected = torch.cat([_hf_logits(hf_model, p) for p in PROMPTS])
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+    decode_logits = runner.step([[t] for t in NEXT_TOKENS])
+    expected = torch.stack(
+        [_hf_logits(hf_model, p + [t])[-1] for p, t in zip(PROMPTS, NEXT_TOKENS, strict=True)]
+    )
+    torch.testing.assert_close(decode_logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_prefill_matches_one_shot(case):
+    """Feeding a prompt in two chunks (second chunk attends to cached K/V) changes nothing."""
+    path, _ = case
+    model = _load(path)
+    prompt = PROMPTS[2]
+    whole = PagedForward(model, num_seqs=1, seed=1).step([prompt])
+    chunked = PagedForward(model, num_seqs=1, seed=2)
+    first = chunked.step([prompt[:5]])
+    second = chunked.step([prompt[5:]])
+    torch.testing.assert_close(torch.cat([first, second]), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_tied_embeddings_share_one_tensor(tmp_path):
+    path = make_tiny_model("llama", tmp_path, tie_word_embeddings=True)
+    model = _load(path)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    names = {name for name, _ in model.named_parameters()}
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+
+
+def test_qwen2_loads_qkv_bias(tmp_path):
+    path = make_tiny_model("qwen2", tmp_path)
+    model = _load(path)
+    hf_model = load_hf_model(path)
+    attn = model.model.layers[1].self_attn
+    hf_attn = hf_model.model.layers[1].self_attn
+    expected = torch.cat([hf_attn.q_proj.bias, hf_attn.k_proj.bias, hf_attn.v_proj.bias])
+    torch.testing.assert_close(attn.qkv_proj.bias, expected, atol=0, rtol=0)
+    assert attn.o_proj.bias is None
+
+
+def test_bfloat16_model_close_to_hf(tmp_path):
+    """In bfloat16 every parameter is bf16 and logits track HF's bf16 run closely."""
+    path = make_tiny_model("qwen3", tmp_path)
+    model = _load(path, dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.bfloat16, attn_implementation="eager"
+    ).eval()
+    logits = PagedForward(model, num_seqs=1).step([PROMPTS[0]])
+    expected = _hf_logits(hf_model, PROMPTS[0])
+    assert logits.dtype == torch.bfloat16
+    # Attention accumulates differently (float32 softmax here); stay within bf16 noise.
+    torch.testing.assert_close(logits.float(), expected.float(), atol=0.1, rtol=0.05)
+    assert torch.equal(logits.argmax(-1), expected.argmax(-1))
