@@ -1,0 +1,357 @@
+"""Continuous batching: which tokens of which requests run in the next step.
+
+Upstream counterpart: ``vllm/v1/core/sched/scheduler.py`` (``Scheduler``).
+
+There are no prefill and decode phases. Every request has a target, ``num_tokens``
+(prompt plus output so far), and a progress counter, ``num_computed_tokens`` (tokens whose
+K/V are cached). Each step hands out at most ``max_num_batched_tokens`` tokens so that the
+counters catch up with their targets: a long prompt gets a chunk, a decoding request gets
+its one new token, and both share the same batch. Running requests are served first; new
+ones are admitted while budget, sequence slots and KV blocks last. When the KV pool runs
+dry, the most recently admitted request is preempted: its blocks are freed and it will
+recompute from scratch later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+
+from minivllm.config import SchedulerConfig
+from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput, SchedulerStats
+from minivllm.core.sched_utils import check_stop
+from minivllm.request import Request, RequestStatus
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    """Decides, step by step, how many tokens of which requests the model runs.
+
+    Args:
+        scheduler_config: Budgets (``max_num_seqs``, ``max_num_batched_tokens``),
+            ``enable_chunked_prefill`` and ``max_model_len``.
+        kv_cache_manager: The block allocator; the engine builds it from the cache config
+            (tests pass a tiny one to force preemptions).
+
+    Attributes:
+        waiting: Requests not yet admitted, FCFS; preempted requests re-enter at the front.
+        running: Admitted requests in admission order; preemption takes from the tail.
+        requests: Every unfinished request by id.
+        finished_req_ids: Requests finished since the last ``schedule()``.
+        num_preemptions: Preemptions since start.
+        num_steps: Calls to ``schedule()``.
+        peak_blocks_in_use: Most KV blocks held by requests at once.
+    """
+
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+        cfg = scheduler_config
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(cfg, name)
+            if value < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be at least 1, got {value}")
+        if cfg.max_model_len < 2:
+            raise ValueError(
+                f"SchedulerConfig.max_model_len must be at least 2 (one prompt token and one "
+                f"generated token), got {cfg.max_model_len}"
+            )
+        if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
+            # Without chunking a (resumed) request must be prefilled in one step; a request
+            # longer than the budget would wait forever.
+            raise ValueError(
+                f"SchedulerConfig.max_num_batched_tokens={cfg.max_num_batched_tokens} is smaller "
+                f"than max_model_len={cfg.max_model_len}; that needs enable_chunked_prefill=True"
+            )
+        self.scheduler_config = cfg
+        self.kv_cache_manager = kv_cache_manager
+        self.max_num_seqs = cfg.max_num_seqs
+        self.max_num_batched_tokens = cfg.max_num_batched_tokens
+        self.max_model_len = cfg.max_model_len
+        self.enable_chunked_prefill = cfg.enable_chunked_prefill
+
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.finished_req_ids: set[str] = set()
+
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self.peak_blocks_in_use = 0
+
+    # ------------------------------------------------------------------ admission
+    def add_request(self, request: Request) -> None:
+        """Validate a new request and queue it behind the others (FCFS).
+
+        Raises:
+            ValueError: The id is already in use; the prompt leaves no room for one
+                generated token within ``max_model_len``; or the request, even alone,
+                could not finish in the KV pool (see ``num_blocks_needed``).
+        """
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"request {rid}: the request id is already in use")
+        if request.num_prompt_tokens + 1 > self.max_model_len:
+            raise ValueError(
+                f"request {rid}: prompt of {request.num_prompt_tokens} tokens plus one generated "
+                f"token exceeds max_model_len={self.max_model_len}"
+            )
+        need = self.num_blocks_needed(request)
+        if need > self.kv_cache_manager.num_blocks:
+            raise ValueError(
+                f"KV pool too small for request {rid}: it may grow to {need} blocks of "
+                f"{self.kv_cache_manager.block_size} tokens but the pool has only "
+                f"{self.kv_cache_manager.num_blocks}; lower max_tokens or enlarge the pool"
+            )
+        self.waiting.append(request)
+        self.requests[rid] = request
+
+    def num_blocks_needed(self, request: Request) -> int:
+        """Blocks the request holds at its longest, if it runs to its length limit.
+
+        It ends with ``min(prompt + max_tokens, max_model_len)`` tokens, and the K/V of
+        all but the last one are computed (the last sampled token is never fed back).
+        A request needing more than the whole pool would preempt itself forever, so
+        ``add_request`` refuses it. Any request that passes can always finish: once
+        everything admitted after it is preempted, it has the pool to itself.
+        """
+        final_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        return _cdiv(final_len - 1, self.kv_cache_manager.block_size)
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> SchedulerOutput:
+        """Build the next batch: running requests first, then waiting ones in FCFS order."""
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+
+        # 1) RUNNING: decodes and unfinished prefills, oldest first.
+        req_index = 0
+        while req_index < len(self.running) and budget > 0:
+            request = self.running[req_index]
+            num_new = min(
+                request.num_tokens - request.num_computed_tokens,  # catch up ...
+                budget,  # ... as far as the budget allows (chunked prefill)
+                self.max_model_len - request.num_computed_tokens,  # never past the model
+            )
+            if num_new <= 0:
+                # Already caught up (its last step's token has not come back yet).
+                req_index += 1
+                continue
+            if not self._allocate_or_preempt(request, num_new, preempted):
+                break  # it preempted itself: nothing behind it is left in `running`
+            scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new
+            req_index += 1
+
+        # 2) WAITING: only when nobody was preempted, else we would admit a request just
+        # to evict it (or the one we just evicted) in the next step.
+        if not preempted:
+            budget = self._admit_waiting(budget, scheduled)
+
+        output = SchedulerOutput(
+            scheduled=scheduled,
+            num_scheduled_tokens={s.request_id: s.num_scheduled_tokens for s in scheduled},
+            total_num_scheduled_tokens=self.max_num_batched_tokens - budget,
+            preempted_req_ids={r.request_id for r in preempted},
+            finished_req_ids=self.finished_req_ids,
+        )
+        # Rebind rather than clear(): the output keeps the set it was given.
+        self.finished_req_ids = set()
+        self._update_after_schedule(output)
+        return output
+
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, preempted: list[Request]
+    ) -> bool:
+        """Allocate slots for a running request, preempting from the tail until it fits.
+
+        Returns False when the request itself had to be preempted.
+        """
+        while self.kv_cache_manager.allocate_slots(request, num_new) is None:
+            # FCFS: the most recently admitted request loses its blocks first.
+            victim = self.running.pop()
+            self._preempt_request(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
+        """Admit waiting requests in order while slots, budget and blocks last."""
+        kv = self.kv_cache_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            # Waiting requests hold no blocks and start from 0 (preempted ones too), so the
+            # prefix cache may hand back their own blocks if nobody evicted them meanwhile.
+            hit_blocks, num_hit = kv.get_computed_blocks(request)
+            # num_tokens, not num_prompt_tokens: a resumed request recomputes its
+            # outputs as well.
+            num_new = request.num_tokens - num_hit
+            if not self.enable_chunked_prefill and num_new > budget:
+                break  # the whole remainder must fit in one step
+            num_new = min(num_new, budget)
+            if kv.allocate_slots(request, num_new, hit_blocks, num_hit) is None:
+                break  # strict FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            resumed = request.status == RequestStatus.PREEMPTED
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            request.num_cached_tokens = num_hit
+            self.running.append(request)
+            scheduled.append(self._scheduled(request, num_new, is_new=True, resumed=resumed))
+            budget -= num_new
+        return budget
+
+    def _scheduled(
+        self, request: Request, num_new: int, is_new: bool = False, resumed: bool = False
+    ) -> ScheduledRequest:
+        """Snapshot what the runner needs about one scheduled request."""
+        return ScheduledRequest(
+            request=request,
+            num_scheduled_tokens=num_new,
+            num_computed_tokens=request.num_computed_tokens,
+            block_ids=list(self.kv_cache_manager.get_block_ids(request.request_id)),
+            is_new=is_new,
+            is_resumed=resumed,
+            needs_sample=request.num_computed_tokens + num_new >= request.num_tokens,
+        )
+
+    def _preempt_request(self, request: Request) -> None:
+        """Preempt by recompute: free all blocks and requeue at the front of waiting.
+
+        The caller has already removed the request from ``running``.
+        """
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        """Advance ``num_computed_tokens`` now, before the model has run.
+
+        The output already holds the old values, so the runner knows where each
+        request's positions start; advancing here means the next ``schedule()`` (e.g. the
+        next chunk of a long prompt) never has to wait for this step's results.
+        """
+        for s in output.scheduled:
+            s.request.num_computed_tokens += s.num_scheduled_tokens
+        self.num_steps += 1
+        kv = self.kv_cache_manager
+        self.peak_blocks_in_use = max(self.peak_blocks_in_use, kv.num_blocks - kv.num_free_blocks)
+
+    # ------------------------------------------------------------------ results
+    def update_from_output(
+        self,
+        scheduler_output: SchedulerOutput,
+        sampled_token_ids: Mapping[str, int] | Sequence[int],
+    ) -> list[Request]:
+        """Append the sampled tokens, apply the stop rules and free finished requests.
+
+        Args:
+            scheduler_output: The output of the step that just ran.
+            sampled_token_ids: One token per request that was due to sample: a mapping
+                request id -> token, or a list aligned with
+                ``scheduler_output.sampling_requests()``. Partial prefills get nothing.
+
+        Returns:
+            The requests that finished in this step, in batch order.
+
+        Raises:
+            ValueError: The tokens do not match the requests that were due to sample
+                (checked before anything is changed).
+        """
+        due = scheduler_output.sampling_requests()
+        tokens = self._tokens_by_request(due, sampled_token_ids)
+        finished: list[Request] = []
+        for s in due:
+            request = s.request
+            if request.is_finished() or self.requests.get(request.request_id) is not request:
+                continue  # aborted while the step ran: drop its token
+            request.append_output_token_ids(tokens[request.request_id])
+            if check_stop(request, self.max_model_len):
+                self.running.remove(request)
+                self._free_request(request)
+                finished.append(request)
+        return finished
+
+    @staticmethod
+    def _tokens_by_request(
+        due: list[ScheduledRequest], sampled: Mapping[str, int] | Sequence[int]
+    ) -> dict[str, int]:
+        """Normalise the runner's tokens to a dict and check they match ``due``."""
+        due_ids = [s.request_id for s in due]
+        if isinstance(sampled, Mapping):
+            tokens = dict(sampled)
+        else:
+            if len(sampled) != len(due_ids):
+                raise ValueError(
+                    f"sampled_token_ids has {len(sampled)} tokens but {len(due_ids)} requests "
+                    f"were due to sample"
+                )
+            tokens = dict(zip(due_ids, sampled, strict=True))
+        if set(tokens) != set(due_ids):
+            raise ValueError(
+                f"sampled_token_ids covers requests {sorted(tokens)} but the requests due "
+                f"to sample are {sorted(due_ids)}"
+            )
+        return tokens
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str], status: RequestStatus
+    ) -> list[Request]:
+        """Finish requests from outside (e.g. aborts), wherever they are queued.
+
+        Unknown or already-finished ids are ignored. Returns the requests finished here.
+        """
+        if not RequestStatus.is_finished(status):
+            raise ValueError(f"status must be a finished status, got {status.name}")
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        done: list[Request] = []
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self._free_request(request)
+            done.append(request)
+        return done
+
+    def _free_request(self, request: Request) -> None:
+        """Release a finished request's blocks and forget it."""
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    # ------------------------------------------------------------------ queries
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        """Number of waiting plus running requests."""
+        return len(self.waiting) + len(self.running)
+
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot of queue lengths, KV usage and counters for logs and summaries."""
+        kv = self.kv_cache_manager
+        stats = kv.prefix_cache_stats
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            num_preemptions=self.num_preemptions,
+            num_steps=self.num_steps,
+            peak_blocks_in_use=self.peak_blocks_in_use,
+            prefix_cache_queries=stats.queries,
+            prefix_cache_hits=stats.hits,
+        )
