@@ -1,0 +1,124 @@
+"""Split-KV ("flash-decoding"): when to cut a long context into segments, and how to merge.
+
+A decode step of one long sequence gives the unified kernel almost nothing to do in
+parallel: one program per (q-block, KV head), so a single sequence with 8 KV heads keeps 8
+of the H200's 132 multiprocessors busy while 124 idle, and bandwidth collapses. Split-KV
+adds a third grid axis: each of ``num_segments`` programs attends over one slice of the
+context and writes an *unnormalised* partial result plus its softmax statistics (running
+max ``m`` and sum ``l``); :func:`reduce_segments_kernel` then merges the slices exactly.
+
+Upstream counterparts: the 3D mode of ``kernel_unified_attention`` and ``reduce_segments``
+in ``vllm/v1/attention/ops/triton_unified_attention.py``; the CUDA ``paged_attention_v2``
+kernels are the older form of the same idea.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+# A segment shorter than this spends more on its fixed costs (q load, partial write,
+# the extra reduce kernel) than it gains from parallelism.
+MIN_TOKENS_PER_SEGMENT = 512
+# Upper bound on segments; a power of two because the reduce kernel tiles over them.
+MAX_SEGMENTS = 64
+# Aim for this many programs per multiprocessor so that memory latency is hidden.
+TARGET_PROGRAMS_PER_SM = 4
+# Multiprocessor count assumed off-GPU (the interpreter); only the heuristic reads it.
+CPU_FAKE_SM_COUNT = 8
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (a fixed stand-in on the CPU)."""
+    if device.type != "cuda":
+        return CPU_FAKE_SM_COUNT
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_num_segments(
+    num_active_programs: int, max_seq_len: int, num_sms: int, max_segments: int = MAX_SEGMENTS
+) -> int:
+    """How many KV segments each (q-block, KV head) gets; 1 means "do not split".
+
+    The rule: split only when the plain grid (``num_active_programs``, one per q-block and
+    KV head) cannot fill the GPU, and then use just enough segments to reach
+    ``TARGET_PROGRAMS_PER_SM`` programs per multiprocessor, but never so many that a
+    segment covers fewer than ``MIN_TOKENS_PER_SEGMENT`` keys. The result is a power of
+    two in ``[1, max_segments]``.
+    """
+    if num_active_programs <= 0 or num_active_programs >= num_sms:
+        return 1
+    wanted = triton.cdiv(TARGET_PROGRAMS_PER_SM * num_sms, num_active_programs)
+    by_length = max(1, max_seq_len // MIN_TOKENS_PER_SEGMENT)
+    segments = min(wanted, by_length, max_segments)
+    # Round down to a power of two (reduce tiles over segments).
+    return 1 << (segments.bit_length() - 1)
+
+
+@triton.jit
+def reduce_segments_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    stride_o_tok: tl.int64,
+    stride_o_head: tl.int64,
+    NUM_HEADS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+):
+    """One program per (token, query head): merge its segments into the final output.
+
+    Segment ``s`` holds ``acc_s = sum_j 2^(x_j - m_s) v_j`` and ``l_s = sum_j 2^(x_j - m_s)``
+    (log2 domain, see the unified kernel). With ``M = max_s m_s`` the exact result is
+    ``sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s``. A segment that saw no visible key
+    stored ``m_s = -inf``, so its weight is ``2^-inf = 0``.
+    """
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    segs = tl.arange(0, NUM_SEGMENTS)
+    dims = tl.arange(0, HEAD_PAD)
+    row = (token * NUM_HEADS + head) * NUM_SEGMENTS + segs  # [NUM_SEGMENTS]
+
+    seg_max = tl.load(part_max_ptr + row)
+    seg_sum = tl.load(part_sum_ptr + row)
+    overall_max = tl.max(seg_max, axis=0)
+    weight = tl.exp2(seg_max - overall_max)
+    denom = tl.sum(seg_sum * weight, axis=0)
+
+    parts = tl.load(part_out_ptr + row[:, None] * HEAD_PAD + dims[None, :])
+    acc = tl.sum(parts * weight[:, None], axis=0)
+    out = acc / denom
+    tl.store(
+        out_ptr + token * stride_o_tok + head * stride_o_head + dims,
+        out,
+        mask=dims < HEAD_SIZE,
+    )
+
+
+def launch_reduce_segments(
+    out: torch.Tensor, part_out: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor
+) -> None:
+    """Merge ``[tokens, heads, segments(, head_pad)]`` partials into ``out``."""
+    num_tokens, num_heads, num_segments, head_pad = part_out.shape
+    reduce_segments_kernel[(num_tokens, num_heads)](
+        out,
+        part_out,
+        part_max,
+        part_sum,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=num_heads,
+        HEAD_SIZE=out.shape[2],
+        HEAD_PAD=head_pad,
+        NUM_SEGMENTS=num_segments,
+    )

@@ -1,0 +1,259 @@
+"""The Triton attention backend: two torch custom ops, ``minivllm::reshape_and_cache`` and
+``minivllm::paged_attention``, with the same signatures and meaning as ``reference.py``.
+
+Why custom ops rather than plain Python functions calling Triton: a registered op is one
+opaque node to the dispatcher, so ``torch.compile`` traces *around* it (using the fake
+implementation below to learn output shapes without running it), CUDA-graph capture
+records its kernels like any other op, and profilers show it by name. The "Attention
+backends and operator dispatch" chapter compares this with vLLM's
+``direct_register_custom_op`` and ``unified_attention_with_output``.
+
+The kernels themselves live in ``triton_reshape_and_cache.py``,
+``triton_unified_attention.py`` and ``triton_decode_split.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.attention.triton_reshape_and_cache import launch_reshape_and_cache
+from minivllm.attention.triton_unified_attention import (
+    launch_unified_attention,
+    select_config,
+)
+
+# ---------------------------------------------------------------------------------------
+# Argument checks (host-side metadata only: they never read device memory, so no sync).
+# ---------------------------------------------------------------------------------------
+
+
+def _check_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    if key_cache.dim() != 4:
+        raise ValueError(
+            "key_cache must be [num_blocks, block_size, num_kv_heads, head_size], "
+            f"got shape {tuple(key_cache.shape)}"
+        )
+    if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
+        raise ValueError(
+            f"value_cache {tuple(value_cache.shape)}/{value_cache.dtype} must match "
+            f"key_cache {tuple(key_cache.shape)}/{key_cache.dtype}"
+        )
+    if value_cache.stride() != key_cache.stride() or key_cache.stride(3) != 1:
+        raise ValueError(
+            "key_cache and value_cache must share one layout with a contiguous last dim, "
+            f"got strides {key_cache.stride()} and {value_cache.stride()}"
+        )
+
+
+def _check_same_device(**tensors: torch.Tensor) -> None:
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) != 1:
+        raise ValueError(f"all tensors must be on one device, got {devices}")
+
+
+def check_reshape_and_cache_args(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Raise ``ValueError`` naming the bad argument if the cache write is ill-formed."""
+    _check_cache(key_cache, value_cache)
+    _check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+                       slot_mapping=slot_mapping)
+    expected = (key.shape[0], *key_cache.shape[2:])
+    for name, t in (("key", key), ("value", value)):
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} must have shape {expected}, got {tuple(t.shape)}")
+        if t.stride(2) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension")
+    if slot_mapping.shape != (key.shape[0],) or slot_mapping.is_floating_point():
+        raise ValueError(
+            f"slot_mapping must be an integer tensor of shape ({key.shape[0]},), got "
+            f"{tuple(slot_mapping.shape)}/{slot_mapping.dtype}"
+        )
+
+
+def check_paged_attention_args(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    out: torch.Tensor | None,
+) -> None:
+    """Raise ``ValueError`` naming the bad argument if the attention call is ill-formed."""
+    _check_cache(key_cache, value_cache)
+    _check_same_device(query=query, key_cache=key_cache, block_table=block_table,
+                       seq_lens=seq_lens, query_start_loc=query_start_loc)
+    if query.dim() != 3 or query.shape[2] != key_cache.shape[3] or query.stride(2) != 1:
+        raise ValueError(
+            f"query must be [num_tokens, num_heads, {key_cache.shape[3]}] with a contiguous "
+            f"last dim, got {tuple(query.shape)}"
+        )
+    if query.dtype != key_cache.dtype:
+        raise ValueError(f"query dtype {query.dtype} must match the cache's {key_cache.dtype}")
+    if query.shape[1] % key_cache.shape[2] != 0:
+        raise ValueError(
+            f"num_heads={query.shape[1]} must be a multiple of num_kv_heads={key_cache.shape[2]}"
+        )
+    num_seqs = seq_lens.shape[0]
+    for name, t, shape in (
+        ("seq_lens", seq_lens, (num_seqs,)),
+        ("query_start_loc", query_start_loc, (num_seqs + 1,)),
+        ("block_table", block_table, (num_seqs, block_table.shape[-1])),
+    ):
+        if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be int32/int64 of shape {shape}, got "
+                             f"{tuple(t.shape)}/{t.dtype}")
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table must have a contiguous last dimension")
+    if out is not None and (out.shape != query.shape or out.dtype != query.dtype
+                            or out.device != query.device or out.stride(2) != 1):
+        raise ValueError(
+            f"out must match query ({tuple(query.shape)}, {query.dtype}, {query.device}), "
+            f"got {tuple(out.shape)}, {out.dtype}, {out.device}"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# The custom ops. Each has a real implementation (launch Triton) and a fake one that
+# only describes effects on shapes; both ops write into arguments and return nothing,
+# which is how upstream's unified_attention_with_output is shaped too.
+# ---------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("minivllm::reshape_and_cache", mutates_args=("key_cache", "value_cache"))
+def reshape_and_cache_op(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Registered op: scatter K/V into the paged cache (see :func:`reshape_and_cache`)."""
+    launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+@reshape_and_cache_op.register_fake
+def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping) -> None:
+    # In-place on the caches: no new tensors, nothing to describe.
+    return None
+
+
+@torch.library.custom_op("minivllm::paged_attention", mutates_args=("out",))
+def paged_attention_op(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    num_kv_splits: int | None,
+) -> None:
+    """Registered op: paged attention into ``out`` (see :func:`paged_attention`)."""
+    config = select_config(
+        num_tokens=query.shape[0],
+        num_seqs=seq_lens.shape[0],
+        num_heads=query.shape[1],
+        num_kv_heads=key_cache.shape[2],
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+        device=query.device,
+        num_kv_splits=num_kv_splits,
+        head_size=query.shape[2],
+        element_size=query.element_size(),
+    )
+    launch_unified_attention(
+        query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, scale,
+        config,
+    )
+
+
+@paged_attention_op.register_fake
+def _paged_attention_fake(query, key_cache, value_cache, block_table, seq_lens,
+                          query_start_loc, out, scale, max_query_len, max_seq_len,
+                          num_kv_splits) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# The public functions the engine calls (same signatures as reference.py, plus optional
+# keyword-only hints).
+# ---------------------------------------------------------------------------------------
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write this step's keys and values into the paged cache, in place (Triton).
+
+    Same contract as ``reference.reshape_and_cache``: ``key``/``value`` are
+    ``[num_tokens, num_kv_heads, head_size]``, the caches
+    ``[num_blocks, block_size, num_kv_heads, head_size]``, and token ``t`` goes to slot
+    ``slot_mapping[t]`` (skipped when negative).
+    """
+    check_reshape_and_cache_args(key, value, key_cache, value_cache, slot_mapping)
+    torch.ops.minivllm.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    num_kv_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal paged attention of each sequence's new tokens over its cached context (Triton).
+
+    Same contract as ``reference.paged_attention``. The keyword-only extras never change
+    the result, only how it is computed:
+
+    Args:
+        out: Where to write the ``[num_tokens, num_heads, head_size]`` result (a fresh
+            tensor when None). Rows of tokens that belong to no sequence are left as is.
+        max_query_len: Longest query of the batch, a host int (the engine has it in
+            ``AttentionMetadata``); picks decode- or prefill-sized tiles. When None it is
+            bounded by ``num_tokens - num_seqs + 1`` without reading the device.
+        max_seq_len: Longest context, a host int; feeds the split-KV heuristic. When None
+            the block table's capacity ``max_blocks_per_seq * block_size`` stands in.
+        num_kv_splits: Force the number of split-KV segments (1 = never split; a power of
+            two >= 2 = always split that many ways). None = automatic (see
+            ``triton_decode_split.choose_num_segments``).
+
+    Returns:
+        ``out``.
+    """
+    check_paged_attention_args(query, key_cache, value_cache, block_table, seq_lens,
+                               query_start_loc, out)
+    if num_kv_splits is not None and (num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1)):
+        raise ValueError(f"num_kv_splits must be a power of two >= 1, got {num_kv_splits}")
+    num_tokens, num_seqs = query.shape[0], seq_lens.shape[0]
+    if max_query_len is None:
+        max_query_len = max(1, num_tokens - num_seqs + 1)
+    if max_seq_len is None:
+        max_seq_len = block_table.shape[1] * key_cache.shape[1]
+    if out is None:
+        out = torch.empty_like(query)
+    torch.ops.minivllm.paged_attention(
+        query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out,
+        float(scale), int(max_query_len), int(max_seq_len), num_kv_splits,
+    )
+    return out

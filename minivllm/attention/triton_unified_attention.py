@@ -1,0 +1,364 @@
+"""The unified paged-attention Triton kernel: prefill, chunked prefill and decode in one.
+
+Upstream counterpart: ``kernel_unified_attention`` and its launcher ``unified_attention``
+in ``vllm/v1/attention/ops/triton_unified_attention.py`` (the ``TRITON_ATTN`` backend).
+minivllm keeps the core of that design and leaves out quantised caches, ALiBi, softcap,
+sinks, sliding windows and Intel tensor descriptors. The PagedAttention chapter walks
+through it; in short:
+
+* The batch is one flat run of query tokens; ``query_start_loc`` says where each
+  sequence's tokens start. The grid's first axis enumerates *q-blocks* (``BLOCK_Q``
+  consecutive tokens of one sequence) and each program finds its sequence by binary
+  search, so prefills, chunks and single decode tokens share one launch.
+* A tile holds ``BLOCK_M = BLOCK_Q * group`` rows: every query head that shares one KV
+  head, for each of the q-block's tokens (GQA packing). One K/V tile load then serves
+  the whole group, which is what makes grouped-query decode memory-efficient.
+* K and V are read tile by tile through the block table (:func:`paged_kv_offsets`), and
+  softmax is computed online in float32 (:func:`online_softmax_update`).
+* With ``NUM_SEGMENTS > 1`` the KV range is split across a third grid axis and partial
+  results go to scratch buffers for ``reduce_segments_kernel`` (split-KV).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.attention.triton_decode_split import (
+    choose_num_segments,
+    launch_reduce_segments,
+    num_multiprocessors,
+)
+
+LOG2_E = 1.4426950408889634
+# Triton reads this once at import; the interpreter needs the bf16 dot work-around below.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """Binary search: which sequence owns global q-block ``q_block``.
+
+    Sequence ``s`` owns the q-blocks ``first(s) = query_start_loc[s] // BLOCK_Q + s``
+    onwards. ``first`` is strictly increasing in ``s`` (the ``+ s`` reserves one spare
+    block per sequence for its ragged end), so the owner is the last ``s`` with
+    ``first(s) <= q_block``.
+    """
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first <= q_block:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def paged_kv_offsets(
+    block_table_row_ptr,
+    key_pos,
+    key_mask,
+    kv_head,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Address translation: logical key positions -> element offsets in the paged cache.
+
+    Token ``j`` of a sequence lives in physical block ``block_table[seq, j // BLOCK_SIZE]``
+    at row ``j % BLOCK_SIZE``. A tile may span several blocks, so the block table is read
+    as a vector, one entry per key. Masked keys (past the visible range) read block 0,
+    which is never dereferenced because the K/V loads are masked the same way.
+    """
+    physical_block = tl.load(
+        block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_mask, other=0
+    ).to(tl.int64)
+    return (
+        physical_block * stride_c_block
+        + (key_pos % BLOCK_SIZE) * stride_c_slot
+        + kv_head * stride_c_head
+    )
+
+
+@triton.jit
+def online_softmax_update(scores, m_prev, l_prev):
+    """One step of online softmax over a new tile of ``scores`` (log2 domain, float32).
+
+    Returns the new running max ``m`` and sum ``l``, the tile's probabilities ``p``
+    (relative to the new max) and ``alpha``, the factor that rescales everything
+    accumulated so far to the new max. A row whose keys have all been masked so far keeps
+    ``m = -inf``; it is shifted by 0 instead, so ``-inf - -inf`` never makes a NaN.
+    """
+    m_new = tl.maximum(m_prev, tl.max(scores, axis=1))
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(scores - m_shift[:, None])
+    alpha = tl.exp2(m_prev - m_shift)
+    l_new = l_prev * alpha + tl.sum(p, axis=1)
+    return m_new, l_new, p, alpha
+
+
+@triton.jit
+def kernel_unified_attention(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    qk_scale,
+    num_seqs: tl.int32,  # typed, so a batch of 1 is not specialised into a constant
+    stride_q_tok: tl.int64,
+    stride_q_head: tl.int64,
+    stride_o_tok: tl.int64,
+    stride_o_head: tl.int64,
+    stride_bt_seq: tl.int64,
+    stride_c_block: tl.int64,
+    stride_c_slot: tl.int64,
+    stride_c_head: tl.int64,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    """Attention of one q-block, for one KV head's query-head group, over one KV segment."""
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    segment = tl.program_id(2)
+
+    # -- which sequence, and which of its tokens, this program serves ----------------
+    seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    local_block = q_block - (q_start // BLOCK_Q + seq)
+    if local_block * BLOCK_Q >= q_len:
+        return  # a spare q-block past this sequence's last token
+    context_len = seq_len - q_len  # tokens cached before this step
+
+    # -- the Q tile: BLOCK_Q tokens x GROUP heads, flattened into BLOCK_M rows --------
+    rows = tl.arange(0, BLOCK_M)
+    tok = local_block * BLOCK_Q + rows // GROUP  # token index within the sequence
+    head = kv_head * GROUP + rows % GROUP
+    row_mask = (tok < q_len) & (rows < BLOCK_Q * GROUP)
+    dims = tl.arange(0, HEAD_PAD)
+    dim_mask = dims < HEAD_SIZE
+    tok_global = (q_start + tok).to(tl.int64)
+    q = tl.load(
+        q_ptr + tok_global[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :],
+        mask=row_mask[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+    q_pos = context_len + tok  # absolute position: a row sees keys 0..q_pos (causal)
+
+    # -- the KV range: everything up to the block's last token, maybe one segment of it
+    kv_end = tl.minimum(seq_len, context_len + (local_block + 1) * BLOCK_Q)
+    num_tiles = tl.cdiv(kv_end, TILE_N)
+    tiles_per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
+    tile_lo = segment * tiles_per_segment
+    tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
+
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)  # noqa: E741 - the usual name
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    block_table_row = block_table_ptr + seq * stride_bt_seq
+    offs_n = tl.arange(0, TILE_N)
+
+    for tile in range(tile_lo, tile_hi):
+        key_pos = tile * TILE_N + offs_n
+        key_mask = key_pos < kv_end
+        kv_off = paged_kv_offsets(
+            block_table_row, key_pos, key_mask, kv_head,
+            stride_c_block, stride_c_slot, stride_c_head, BLOCK_SIZE,
+        )
+        # K is loaded transposed, [HEAD_PAD, TILE_N], ready for q @ k.
+        k = tl.load(
+            k_cache_ptr + kv_off[None, :] + dims[:, None],
+            mask=dim_mask[:, None] & key_mask[None, :],
+            other=0.0,
+        )
+        v = tl.load(
+            v_cache_ptr + kv_off[:, None] + dims[None, :],
+            mask=key_mask[:, None] & dim_mask[None, :],
+            other=0.0,
+        )
+        if UPCAST_DOT:
+            # Only under TRITON_INTERPRET=1: the interpreter multiplies bfloat16 operands
+            # as the raw 16-bit integers it stores them in. Widening first is exact (a
+            # product of two bf16 values fits in float32, as on the tensor cores).
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        visible = key_mask[None, :] & (key_pos[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m, l, p, alpha = online_softmax_update(scores, m, l)  # noqa: E741
+        # P is rounded to the cache dtype (bf16) to feed the tensor cores, as FlashAttention
+        # does; the accumulator stays float32.
+        p = p.to(v_cache_ptr.dtype.element_ty).to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+
+    if NUM_SEGMENTS == 1:
+        out = acc / l[:, None]
+        tl.store(
+            out_ptr + tok_global[:, None] * stride_o_tok + head[:, None] * stride_o_head
+            + dims[None, :],
+            out,
+            mask=row_mask[:, None] & dim_mask[None, :],
+        )
+    else:
+        # Unnormalised partials; every segment writes, even an empty one (m=-inf, l=0),
+        # so the reduce kernel needs no bookkeeping of which segments ran.
+        part_row = (tok_global * NUM_HEADS + head) * NUM_SEGMENTS + segment
+        tl.store(part_max_ptr + part_row, m, mask=row_mask)
+        tl.store(part_sum_ptr + part_row, l, mask=row_mask)
+        tl.store(
+            part_out_ptr + part_row[:, None] * HEAD_PAD + dims[None, :],
+            acc,
+            mask=row_mask[:, None],
+        )
+
+
+@dataclass(frozen=True)
+class AttentionLaunchConfig:
+    """Tile sizes and launch parameters of one ``kernel_unified_attention`` launch."""
+
+    block_m: int  # rows per program: BLOCK_Q tokens x group heads
+    tile_n: int  # keys per inner-loop iteration
+    num_warps: int
+    num_stages: int
+    num_segments: int  # 1 = no split-KV
+
+
+# Tuned on an H200 (see docs/benchmarks/kernel.json and the PagedAttention chapter).
+DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES = 64, 4, 2
+PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES = 128, 128, 8, 2
+# Above this query length a q-block uses the large prefill tile.
+PREFILL_MIN_QUERY_LEN = 32
+# Shared memory the K/V pipeline may use: Triton keeps ``num_stages`` copies of a K and a
+# V tile in flight. H100/H200 allow 227 KiB per program; staying at 160 KiB leaves room for
+# Triton's own scratch (and for smaller GPUs).
+SMEM_BUDGET_BYTES = 160 * 1024
+
+
+def select_config(
+    *,
+    num_tokens: int,
+    num_seqs: int,
+    num_heads: int,
+    num_kv_heads: int,
+    max_query_len: int,
+    max_seq_len: int,
+    device: torch.device,
+    num_kv_splits: int | None = None,
+    head_size: int = 128,
+    element_size: int = 2,
+) -> AttentionLaunchConfig:
+    """Pick tiles and the split-KV segment count from host-side sizes only (no sync).
+
+    Decode-like batches (short queries) use the smallest row tile the tensor cores
+    accept, 16 rows, because only ``group`` rows per sequence carry a real query; long
+    queries use 128-row tiles to reuse each K/V tile across many queries. Split-KV is
+    chosen by :func:`choose_num_segments` unless ``num_kv_splits`` forces it.
+    """
+    group = num_heads // num_kv_heads
+    if max_query_len >= PREFILL_MIN_QUERY_LEN:
+        block_m = max(PREFILL_BLOCK_M, triton.next_power_of_2(group))
+        tile_n, warps, stages = PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES
+    else:
+        block_m = max(16, triton.next_power_of_2(group))
+        tile_n, warps, stages = DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES
+    # Large heads or float32 would overflow shared memory with the bf16/d128 tiles tuned
+    # above: halve the key tile, then the pipeline depth, until the stages fit.
+    kv_tile_bytes = 2 * triton.next_power_of_2(head_size) * element_size  # K + V, per key
+    while stages * tile_n * kv_tile_bytes > SMEM_BUDGET_BYTES and tile_n > 16:
+        tile_n //= 2
+    while stages * tile_n * kv_tile_bytes > SMEM_BUDGET_BYTES and stages > 1:
+        stages -= 1
+    if num_kv_splits is None:
+        block_q = block_m // group
+        active = max(num_seqs, triton.cdiv(num_tokens, block_q)) * num_kv_heads
+        segments = choose_num_segments(active, max_seq_len, num_multiprocessors(device))
+    else:
+        segments = num_kv_splits
+    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments)
+
+
+def launch_unified_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    config: AttentionLaunchConfig,
+) -> None:
+    """Launch the unified kernel (and the split-KV reduce) on validated tensors."""
+    num_tokens, num_heads, head_size = query.shape
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return
+    num_kv_heads = key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    head_pad = triton.next_power_of_2(head_size)
+    block_q = config.block_m // group
+    segments = config.num_segments
+    # Upper bound on q-blocks without reading query lengths from the device:
+    # sum_s ceil(len_s / BLOCK_Q) <= num_tokens // BLOCK_Q + num_seqs.
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, segments)
+    if segments > 1:
+        part_out = torch.empty(
+            (num_tokens, num_heads, segments, head_pad), dtype=torch.float32, device=out.device
+        )
+        part_max = torch.empty((num_tokens, num_heads, segments), dtype=torch.float32,
+                               device=out.device)
+        part_sum = torch.empty_like(part_max)
+    else:
+        # Never touched when NUM_SEGMENTS == 1; any tensor serves as the pointer.
+        part_out = part_max = part_sum = out
+    kernel_unified_attention[grid](
+        out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+        part_out, part_max, part_sum,
+        scale * LOG2_E,  # scores live in the log2 domain so the kernel can use exp2
+        num_seqs,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        block_table.stride(0),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        NUM_HEADS=num_heads,
+        GROUP=group,
+        HEAD_SIZE=head_size,
+        HEAD_PAD=head_pad,
+        BLOCK_SIZE=key_cache.shape[1],
+        BLOCK_M=config.block_m,
+        BLOCK_Q=block_q,
+        TILE_N=config.tile_n,
+        NUM_SEGMENTS=segments,
+        # float32 runs in exact IEEE mode (tf32 would cost ~1e-3 relative error).
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        UPCAST_DOT=_INTERPRETED,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if segments > 1:
+        launch_reduce_segments(out, part_out, part_max, part_sum)

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``minivllm bench ...`` (measured on a GPU, never in timed tests)."""

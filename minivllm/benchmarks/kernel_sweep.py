@@ -1,0 +1,110 @@
+"""Tile/warp/stage sweep for the unified kernel on the benchmark shapes (GPU only).
+
+How the defaults in ``triton_unified_attention.py`` were chosen:
+``python -m minivllm.benchmarks.kernel_sweep OUT.json`` times every candidate launch
+configuration on the decode shapes that carry the targets and on one long prefill, and
+writes all timings, so the choice can be re-checked on other hardware.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from minivllm.attention.triton_unified_attention import (
+    AttentionLaunchConfig,
+    launch_unified_attention,
+)
+from minivllm.benchmarks.kernel import (
+    DTYPE,
+    HEAD_SIZE,
+    NUM_HEADS,
+    _bench_graph,
+    make_paged_kv,
+    measure_copy_bandwidth,
+)
+
+DECODE_SHAPES = ((64, 8192), (8, 8192), (1, 32768))
+DECODE_CONFIGS = (  # tile_n, warps, stages
+    (32, 4, 3), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (64, 8, 2), (128, 8, 2),
+)
+SPLITS = {1: (32, 64, 128), 8: (8, 16)}  # segment counts tried per small batch
+PREFILL_CONFIGS = (  # block_m, tile_n, warps, stages
+    (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3),
+    (128, 32, 4, 2), (128, 128, 8, 2), (128, 64, 4, 2),
+)
+
+
+def _decode_inputs(batch: int, context: int) -> tuple:
+    gen = torch.Generator(device="cuda").manual_seed(batch + context)
+    paged = make_paged_kv(batch, context, gen)
+    q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    return (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens, starts,
+            torch.empty_like(q), HEAD_SIZE**-0.5)
+
+
+def sweep_decode(copy_bw: float) -> list[dict]:
+    """Time every decode config (and split counts for the small batches)."""
+    rows = []
+    for batch, context in DECODE_SHAPES:
+        args = _decode_inputs(batch, context)
+        nbytes = 2 * batch * context * 8 * HEAD_SIZE * 2 + 2 * args[0].numel() * 2
+        splits = SPLITS.get(batch, (1,))
+        for (tile, warps, stages), segs in itertools.product(DECODE_CONFIGS, splits):
+            cfg = AttentionLaunchConfig(16, tile, warps, stages, segs)
+            try:
+                ms = _bench_graph(lambda cfg=cfg, args=args: launch_unified_attention(*args, cfg))
+            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory
+                rows.append({"batch": batch, "context": context, "config": cfg.__dict__,
+                             "error": repr(exc)[:200]})
+                continue
+            rows.append({"batch": batch, "context": context, "config": cfg.__dict__, "ms": ms,
+                         "pct_copy_bw": 100 * nbytes / (ms * 1e-3) / copy_bw})
+        best = min((r for r in rows if r.get("batch") == batch and r.get("context") == context
+                    and "ms" in r), key=lambda r: r["ms"])
+        print(f"decode B{batch} C{context}: best {best['config']} "
+              f"{best['ms']:.4f} ms {best['pct_copy_bw']:.0f}%", flush=True)
+        args = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sweep_prefill(batch: int = 1, new: int = 8192) -> list[dict]:
+    """Time the prefill configs on one long causal prefill."""
+    gen = torch.Generator(device="cuda").manual_seed(new)
+    paged = make_paged_kv(batch, new, gen)
+    q = torch.randn(batch * new, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
+    lens = torch.full((batch,), new, dtype=torch.int32, device="cuda")
+    starts = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device="cuda")
+    args = (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens, starts,
+            torch.empty_like(q), HEAD_SIZE**-0.5)
+    flops = 4.0 * NUM_HEADS * HEAD_SIZE * batch * new * (new + 1) / 2
+    rows = []
+    for block_m, tile, warps, stages in PREFILL_CONFIGS:
+        cfg = AttentionLaunchConfig(block_m, tile, warps, stages, 1)
+        try:
+            ms = _bench_graph(lambda cfg=cfg: launch_unified_attention(*args, cfg))
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"config": cfg.__dict__, "error": repr(exc)[:200]})
+            continue
+        rows.append({"config": cfg.__dict__, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12})
+        print(f"prefill {cfg}: {ms:.3f} ms {rows[-1]['tflops']:.0f} TFLOP/s", flush=True)
+    return rows
+
+
+def main() -> None:
+    """Run both sweeps and write the JSON given on the command line."""
+    copy_bw = measure_copy_bandwidth()
+    result = {"gpu": torch.cuda.get_device_name(0), "copy_bandwidth_bytes_per_s": copy_bw,
+              "decode": sweep_decode(copy_bw), "prefill": sweep_prefill()}
+    Path(sys.argv[1]).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

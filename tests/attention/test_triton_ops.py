@@ -1,0 +1,255 @@
+"""The Triton kernels equal the torch oracle (reference.py).
+
+Runs on the CPU through ``TRITON_INTERPRET=1`` (set by tests/conftest.py) and natively on
+a GPU; nothing here is CPU-only. The interpreter executes every Triton op in numpy, one
+program at a time, on two shared cores, so the shapes are tiny and the grid is chosen,
+not multiplied out: ``CASES`` covers every value of every axis (block size, head size,
+GQA ratio, batch kind, dtype, split-KV) at least once, and mixes them so that each axis
+also meets several values of the others.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.attention import reference, triton_ops
+from minivllm.attention.triton_decode_split import MIN_TOKENS_PER_SEGMENT, choose_num_segments
+from minivllm.attention.triton_unified_attention import select_config
+from tests.attention.paged_batch import PagedBatch, make_paged_batch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# Batch kinds as [(cached context, new query tokens), ...] per sequence.
+BATCHES = {
+    "decode": [(37, 1), (5, 1), (70, 1)],
+    "prefill": [(0, 23), (0, 40)],  # 40 >= 32 selects the prefill-sized tiles
+    "chunked": [(29, 11), (48, 6)],  # a chunk of a prompt on top of its cached prefix
+    "mixed": [(33, 1), (0, 13), (21, 9), (0, 1)],  # all three kinds in one ragged batch
+    "long_decode": [(1100, 1)],  # long enough that automatic split-KV kicks in
+}
+
+# Tolerances, compared in float32 against the float32 oracle:
+# - float32: the kernel runs IEEE float32 dots (no tf32) and float32 softmax; only the
+#   summation order and exp2-vs-exp differ, which moves results by ~1e-6. 1e-4 keeps a
+#   wide margin while any indexing mistake (a wrong block, a masked key let through)
+#   changes outputs by O(0.1..1).
+# - bfloat16: the output is rounded to bf16 (relative step 2^-8 ~ 0.4%), and the softmax
+#   weights P are rounded to bf16 before P @ V, as in FlashAttention; outputs are O(1),
+#   so a few bf16 steps is ~2e-2.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+# (block_size, head_size, group, num_kv_heads, batch, dtype, num_kv_splits, pass_hints)
+# num_kv_splits: 1 = split-KV forced off, 2/4 = forced on, None = automatic.
+CASES = [
+    (8, 64, 1, 2, "decode", torch.float32, 1, True),
+    (16, 128, 2, 2, "prefill", torch.bfloat16, 1, True),
+    (32, 96, 4, 1, "chunked", torch.float32, 4, False),
+    (16, 64, 8, 1, "mixed", torch.bfloat16, 4, True),
+    (8, 96, 2, 1, "mixed", torch.float32, 1, False),
+    (32, 64, 2, 2, "decode", torch.bfloat16, 4, False),
+    (8, 128, 4, 1, "chunked", torch.bfloat16, 2, True),
+    (32, 128, 8, 1, "prefill", torch.float32, 2, False),
+    (16, 80, 1, 2, "mixed", torch.bfloat16, None, True),
+    (16, 64, 4, 1, "long_decode", torch.bfloat16, None, True),
+    (32, 96, 2, 1, "long_decode", torch.float32, 1, False),
+]
+
+
+def _case_id(case: tuple) -> str:
+    bs, d, g, kvh, batch, dtype, splits, hints = case
+    dt = "bf16" if dtype == torch.bfloat16 else "fp32"
+    hint = "hints" if hints else "nohints"
+    return f"bs{bs}-d{d}-gqa{g}-kvh{kvh}-{batch}-{dt}-split{splits}-{hint}"
+
+
+def _check_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert not out.isnan().any(), "an output element was never written (still NaN)"
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+def _write_cache_both_ways(b: PagedBatch) -> None:
+    """Write K/V with the Triton op and with the oracle (on copies); caches must be equal."""
+    ref_k, ref_v = b.key_cache.clone(), b.value_cache.clone()
+    reference.reshape_and_cache(b.key, b.value, ref_k, ref_v, b.slot_mapping)
+    triton_ops.reshape_and_cache(b.key, b.value, b.key_cache, b.value_cache, b.slot_mapping)
+    assert torch.equal(b.key_cache, ref_k)
+    assert torch.equal(b.value_cache, ref_v)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_cache_write_and_attention_match_reference(case: tuple) -> None:
+    bs, d, g, kvh, batch, dtype, splits, hints = case
+    b = make_paged_batch(BATCHES[batch], block_size=bs, num_kv_heads=kvh, group=g,
+                         head_size=d, dtype=dtype, device=DEVICE, seed=CASES.index(case))
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    out = torch.full_like(b.query, float("nan"))  # poison: unwritten elements stay NaN
+    hint_kwargs = {"max_query_len": b.max_query_len, "max_seq_len": b.max_seq_len} if hints \
+        else {}
+    result = triton_ops.paged_attention(
+        b.query, b.key_cache, b.value_cache, b.block_table, b.seq_lens, b.query_start_loc,
+        b.scale, out=out, num_kv_splits=splits, **hint_kwargs,
+    )
+    assert result is out
+    _check_close(out, ref, dtype)
+
+
+def test_paged_attention_allocates_output_when_none_given() -> None:
+    b = make_paged_batch(BATCHES["mixed"], block_size=16, num_kv_heads=1, group=2,
+                         head_size=64, dtype=torch.float32, device=DEVICE, seed=7)
+    out = triton_ops.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                     b.seq_lens, b.query_start_loc, b.scale)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    _check_close(out, ref, torch.float32)
+
+
+def test_reshape_and_cache_skips_negative_slots_and_casts() -> None:
+    # float32 activations into a bf16 cache; tokens 1 and 3 are padding (slot -1).
+    gen = torch.Generator().manual_seed(3)
+    key = torch.randn(5, 2, 96, generator=gen).to(DEVICE)
+    value = torch.randn(5, 2, 96, generator=gen).to(DEVICE)
+    key_cache = torch.randn(4, 8, 2, 96, generator=gen).to(torch.bfloat16).to(DEVICE)
+    value_cache = torch.randn(4, 8, 2, 96, generator=gen).to(torch.bfloat16).to(DEVICE)
+    slots = torch.tensor([17, -1, 3, -1, 30], device=DEVICE)
+    ref_k, ref_v = key_cache.clone(), value_cache.clone()
+    before = key_cache.clone()
+    reference.reshape_and_cache(key, value, ref_k, ref_v, slots)
+    triton_ops.reshape_and_cache(key, value, key_cache, value_cache, slots)
+    # Natively the store rounds to nearest-even, exactly like torch's .to(); the Triton
+    # interpreter truncates float32 -> bf16 instead, so there allow one bf16 step (2^-7).
+    tol = 0.0 if DEVICE == "cuda" else 2.0**-7
+    torch.testing.assert_close(key_cache, ref_k, atol=0.0, rtol=tol)
+    torch.testing.assert_close(value_cache, ref_v, atol=0.0, rtol=tol)
+    flat = key_cache.view(32, 2, 96)
+    changed = (flat != before.view(32, 2, 96)).any(dim=(1, 2)).nonzero().flatten().tolist()
+    assert changed == [3, 17, 30]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"query": torch.randn(3, 4, 32)}, "query must be"),
+        ({"query": torch.randn(3, 3, 64)}, "multiple of num_kv_heads"),
+        ({"seq_lens": torch.tensor([4.0, 5.0])}, "seq_lens"),
+        ({"num_kv_splits": 3}, "num_kv_splits"),
+        ({"value_cache": torch.randn(4, 8, 2, 32)}, "value_cache"),
+        ({"out": torch.empty(3, 4, 32)}, "out must match"),
+    ],
+)
+def test_paged_attention_rejects_bad_arguments(kwargs: dict, match: str) -> None:
+    args = {
+        "query": torch.randn(3, 4, 64),
+        "key_cache": torch.randn(4, 8, 2, 64),
+        "value_cache": torch.randn(4, 8, 2, 64),
+        "block_table": torch.zeros(2, 2, dtype=torch.int32),
+        "seq_lens": torch.tensor([4, 5], dtype=torch.int32),
+        "query_start_loc": torch.tensor([0, 1, 3], dtype=torch.int32),
+        "scale": 0.125,
+    }
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        triton_ops.paged_attention(**args)
+
+
+def test_reshape_and_cache_rejects_bad_slot_mapping() -> None:
+    key = torch.randn(3, 2, 64)
+    cache = torch.randn(4, 8, 2, 64)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        triton_ops.reshape_and_cache(key, key, cache, cache.clone(), torch.zeros(2).long())
+
+
+def test_split_heuristic() -> None:
+    sms = 132
+    # Plenty of programs already: never split.
+    assert choose_num_segments(64 * 8, 8192, sms) == 1
+    # One long sequence, 8 KV heads: split up to the cap.
+    assert choose_num_segments(8, 32768, sms) == 64
+    # Short context: segments of at least MIN_TOKENS_PER_SEGMENT keys.
+    assert choose_num_segments(8, 4 * MIN_TOKENS_PER_SEGMENT, sms) == 4
+    assert choose_num_segments(8, MIN_TOKENS_PER_SEGMENT, sms) == 1
+    # The automatic choice for the "long_decode" test batch on the CPU really splits.
+    config = select_config(num_tokens=1, num_seqs=1, num_heads=4, num_kv_heads=1,
+                           max_query_len=1, max_seq_len=1101, device=torch.device("cpu"))
+    assert config.num_segments == 2
+    # Results are powers of two.
+    for active in range(1, sms):
+        n = choose_num_segments(active, 1 << 20, sms)
+        assert n & (n - 1) == 0
+
+
+def test_ops_are_registered_and_pass_opcheck() -> None:
+    b = make_paged_batch([(9, 3), (0, 2)], block_size=8, num_kv_heads=1, group=2,
+                         head_size=64, dtype=torch.float32, device=DEVICE, seed=11)
+    out = torch.empty_like(b.query)
+    # Schema, fake (meta) implementation and functionalization checks from torch.
+    torch.library.opcheck(
+        torch.ops.minivllm.paged_attention.default,
+        (b.query, b.key_cache, b.value_cache, b.block_table, b.seq_lens, b.query_start_loc,
+         out, b.scale, b.max_query_len, b.max_seq_len, None),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    torch.library.opcheck(
+        torch.ops.minivllm.reshape_and_cache.default,
+        (b.key, b.value, b.key_cache, b.value_cache, b.slot_mapping),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+def test_ops_compose_with_torch_compile() -> None:
+    b = make_paged_batch(BATCHES["mixed"], block_size=8, num_kv_heads=1, group=2,
+                         head_size=64, dtype=torch.float32, device=DEVICE, seed=5)
+    ref_k, ref_v = b.key_cache.clone(), b.value_cache.clone()
+    reference.reshape_and_cache(b.key, b.value, ref_k, ref_v, b.slot_mapping)
+    ref = reference.paged_attention(b.query, ref_k, ref_v, b.block_table, b.seq_lens,
+                                    b.query_start_loc, b.scale)
+
+    def step(q, k, v, k_cache, v_cache, slots, table, lens, starts):
+        triton_ops.reshape_and_cache(k, v, k_cache, v_cache, slots)
+        return triton_ops.paged_attention(q, k_cache, v_cache, table, lens, starts, b.scale,
+                                          max_query_len=13, max_seq_len=33) * 2.0
+
+    # aot_eager traces through the fake implementations and functionalizes the in-place
+    # cache write, without needing a C++ compiler for Inductor on the CPU.
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    out = compiled(b.query, b.key, b.value, b.key_cache, b.value_cache, b.slot_mapping,
+                   b.block_table, b.seq_lens, b.query_start_loc)
+    assert torch.equal(b.key_cache, ref_k)  # the mutation survived functionalization
+    _check_close(out, ref * 2.0, torch.float32)
+
+
+@pytest.mark.gpu
+def test_ops_replay_in_a_cuda_graph() -> None:
+    b = make_paged_batch([(300, 1), (41, 1), (1000, 1)], block_size=16, num_kv_heads=2,
+                         group=4, head_size=128, dtype=torch.bfloat16, device="cuda", seed=9)
+    out = torch.full_like(b.query, float("nan"))
+
+    def step() -> None:
+        triton_ops.reshape_and_cache(b.key, b.value, b.key_cache, b.value_cache,
+                                     b.slot_mapping)
+        triton_ops.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                   b.seq_lens, b.query_start_loc, b.scale, out=out,
+                                   max_query_len=1, max_seq_len=4096)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step()  # warm up: compile the kernels outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    # New inputs in the captured buffers, then replay.
+    b.query.copy_(torch.randn_like(b.query))
+    b.key.copy_(torch.randn_like(b.key))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_k, ref_v = b.key_cache.clone(), b.value_cache.clone()
+    reference.reshape_and_cache(b.key, b.value, ref_k, ref_v, b.slot_mapping)
+    assert torch.equal(ref_k, b.key_cache)
+    ref = reference.paged_attention(b.query, ref_k, ref_v, b.block_table, b.seq_lens,
+                                    b.query_start_loc, b.scale)
+    _check_close(out, ref, torch.bfloat16)
