@@ -83,7 +83,9 @@ class SamplingParams:
         if 0.0 < self.temperature < _MAX_TEMP:
             logger.warning(
                 "temperature %s is below %s and may overflow; raised to %s",
-                self.temperature, _MAX_TEMP, _MAX_TEMP,
+                self.temperature,
+                _MAX_TEMP,
+                _MAX_TEMP,
             )
             self.temperature = _MAX_TEMP
         if self.seed == -1:

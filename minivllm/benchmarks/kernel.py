@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from minivllm.benchmarks.common import measure_copy_bandwidth
+
 # Qwen3-0.6B attention: 16 query heads, 8 KV heads, head size 128; vLLM's block size 16.
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 16, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -117,14 +119,6 @@ def _wall_ms(fn: Callable[[], object], max_s: float) -> tuple[float | None, str]
         times.append(time.perf_counter() - t0)
     times.sort()
     return 1e3 * times[len(times) // 2], "wall clock, host syncs included"
-
-
-def measure_copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written."""
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = _bench(lambda: dst.copy_(src))
-    return 2 * nbytes / (ms * 1e-3)
 
 
 def make_paged_kv(num_seqs: int, seq_len: int, gen: torch.Generator) -> dict:

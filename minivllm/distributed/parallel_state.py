@@ -41,3 +41,34 @@ def get_tensor_model_parallel_rank() -> int:
 def get_tp_group() -> dist.ProcessGroup | None:
     """The tensor-parallel process group (None means the default group)."""
     return _TP_GROUP
+
+
+def init_distributed_environment(
+    world_size: int, rank: int, distributed_init_method: str, backend: str
+) -> None:
+    """Join the process group of ``world_size`` ranks and make it the tensor-parallel group.
+
+    Every rank calls this with the same ``distributed_init_method`` (a ``tcp://host:port``
+    rendezvous address chosen by the executor); the call returns once all ranks have
+    joined. ``backend`` is ``"nccl"`` on CUDA and ``"gloo"`` on the CPU. minivllm has
+    only tensor parallelism, so the world *is* the TP group; vLLM's
+    ``initialize_model_parallel`` carves TP, PP, DP and EP groups out of the world.
+    """
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise RuntimeError(
+                f"torch.distributed is already initialized as rank {dist.get_rank()} of "
+                f"{dist.get_world_size()}, not rank {rank} of {world_size}"
+            )
+    else:
+        dist.init_process_group(
+            backend, init_method=distributed_init_method, world_size=world_size, rank=rank
+        )
+    init_tensor_parallel_group(None)
+
+
+def destroy_distributed_environment() -> None:
+    """Leave the process group (a no-op when none was joined)."""
+    init_tensor_parallel_group(None)
+    if model_parallel_is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,131 @@
+"""Shared pieces of the engine benchmarks: the environment record, a random-weight
+Qwen3-0.6B-shaped checkpoint, and timing helpers.
+
+Every benchmark writes one JSON file with the exact command, the GPU, the software
+versions and every figure, so a result can be traced to how it was produced.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Qwen3-0.6B's shape (the workload of ../shared/baselines.md), random weights.
+QWEN3_0_6B_SHAPE: dict[str, Any] = dict(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    bos_token_id=151643,
+    eos_token_id=151645,
+)
+
+
+def command_line() -> str:
+    """How this process was invoked, as a user would type it."""
+    argv0 = Path(sys.argv[0]).name
+    if argv0 in ("minivllm", "__main__.py", "cli.py"):
+        return " ".join(["minivllm", *sys.argv[1:]])
+    return " ".join([sys.executable.split("/")[-1], *sys.argv])
+
+
+def environment() -> dict[str, Any]:
+    """GPU, versions, date and command of this run."""
+    import transformers
+
+    env: dict[str, Any] = {
+        "command": command_line(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda"] = torch.version.cuda
+    else:
+        env["gpu"] = None
+    return env
+
+
+def make_random_checkpoint(path: Path, shape: dict[str, Any] | None = None) -> Path:
+    """Save a random-weight Qwen3 checkpoint (bfloat16) of ``shape`` into ``path``.
+
+    Weights are drawn on the GPU when there is one (seconds instead of minutes), with a
+    fixed seed, so minivllm and Hugging Face peers read the very same file.
+    """
+    import transformers
+
+    if (path / "model.safetensors").is_file():
+        return path
+    config = transformers.Qwen3Config(**(shape or QWEN3_0_6B_SHAPE))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.Qwen3ForCausalLM(config).to(torch.bfloat16)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return path
+
+
+def cuda_sync() -> None:
+    """Wait for the GPU (no-op on the CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """Run ``fn`` and return its result and wall seconds, GPU work included."""
+    cuda_sync()
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    cuda_sync()
+    return result, time.perf_counter() - start
+
+
+def measure_copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Copy bandwidth in bytes/s (bytes read plus written): the memory roofline.
+
+    On a GPU: a device-to-device copy of ``nbytes``, median of triton's do_bench. On the
+    CPU (smoke tests only): a smaller memcpy timed by wall clock.
+    """
+    if not torch.cuda.is_available():
+        nbytes = min(nbytes, 1 << 26)
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        _, seconds = timed(lambda: [dst.copy_(src) for _ in range(5)])
+        return 2 * nbytes * 5 / seconds
+    import triton.testing
+
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = float(triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median"))
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON, creating the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")

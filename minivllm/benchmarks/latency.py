@@ -1,0 +1,56 @@
+"""``minivllm bench latency``: one request at a time; time to first token and time per
+output token (the decode step latency a single user sees)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from minivllm.benchmarks.common import cuda_sync, environment, write_json
+from minivllm.benchmarks.throughput import add_engine_bench_args, build_llm, checkpoint_path
+
+
+def add_latency_args(parser: argparse.ArgumentParser) -> None:
+    """Register the options of ``minivllm bench latency``."""
+    add_engine_bench_args(parser, "docs/benchmarks/latency.json")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+
+
+def _one_request(llm, prompt: list[int], output_len: int) -> tuple[float, float]:
+    """Drive the engine step by step: return (time to first token, time per next token)."""
+    from minivllm import SamplingParams
+
+    engine = llm.llm_engine
+    engine.kv_cache_manager.reset_prefix_cache()  # a repeat must not hit the last run
+    engine.add_request({"prompt_token_ids": prompt},
+                       SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True))
+    cuda_sync()
+    start = time.perf_counter()
+    engine.step()  # the whole prompt fits one step: prefill + first token
+    first = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    end = time.perf_counter()
+    return first - start, (end - first) / max(1, output_len - 1)
+
+
+def run_latency_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark and write the JSON result."""
+    llm = build_llm(args, checkpoint_path(args), max_num_seqs=min(args.max_num_seqs, 8))
+    prompt = [(7 * i) % 10000 for i in range(args.input_len)]
+    _one_request(llm, prompt, 16)  # warm-up
+    runs = [_one_request(llm, prompt, args.output_len) for _ in range(args.repeats)]
+    ttft = sorted(r[0] for r in runs)[len(runs) // 2]
+    tpot = sorted(r[1] for r in runs)[len(runs) // 2]
+    result = {**environment(), "input_len": args.input_len, "output_len": args.output_len,
+              "repeats": args.repeats, "median_ttft_ms": ttft * 1e3,
+              "median_tpot_ms": tpot * 1e3, "runs_ms": [[a * 1e3, b * 1e3] for a, b in runs],
+              "cuda_graphs": not args.enforce_eager}
+    print(f"batch 1: time to first token {ttft * 1e3:.2f} ms, "
+          f"time per output token {tpot * 1e3:.3f} ms", flush=True)
+    write_json(Path(args.output), result)
+    return result

@@ -1,0 +1,171 @@
+"""``minivllm bench throughput``: offline throughput on the community workload, against
+the roofline and, with ``--peer hf``, against Hugging Face transformers in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minivllm.benchmarks.common import (
+    environment,
+    make_random_checkpoint,
+    measure_copy_bandwidth,
+    timed,
+    write_json,
+)
+from minivllm.benchmarks.roofline import decode_roofline
+from minivllm.benchmarks.workloads import Workload, throughput_workload
+
+DEFAULT_CHECKPOINT = "/tmp/minivllm-bench/qwen3-0.6b-random"
+
+
+def add_engine_bench_args(parser: argparse.ArgumentParser, output: str) -> None:
+    """Options shared by the engine benchmarks."""
+    parser.add_argument("--model", default=None,
+                        help=f"checkpoint folder (default: a random-weight Qwen3-0.6B shape "
+                             f"saved at {DEFAULT_CHECKPOINT})")
+    parser.add_argument("--output", default=output, help="JSON result file")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+
+
+def add_throughput_args(parser: argparse.ArgumentParser) -> None:
+    """Register the options of ``minivllm bench throughput``."""
+    add_engine_bench_args(parser, "docs/benchmarks/throughput.json")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--peer", choices=["none", "hf"], default="none",
+                        help="also run Hugging Face transformers on the same requests")
+    parser.add_argument("--peer-num-requests", type=int, default=None,
+                        help="run the peers (and minivllm again) on the first N requests only")
+    parser.add_argument("--input-len-range", type=int, nargs=2, default=[100, 1024],
+                        help="prompt lengths (the published workload: 100 1024)")
+    parser.add_argument("--output-len-range", type=int, nargs=2, default=[100, 1024],
+                        help="output lengths (the published workload: 100 1024)")
+
+
+def checkpoint_path(args: argparse.Namespace) -> str:
+    """The model folder a benchmark runs (creating the random checkpoint if needed)."""
+    return args.model or str(make_random_checkpoint(Path(DEFAULT_CHECKPOINT)))
+
+
+def build_llm(args: argparse.Namespace, path: str, **overrides: Any):
+    """An ``LLM`` configured from the shared benchmark options."""
+    from minivllm import LLM
+
+    kwargs = dict(
+        dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+    kwargs.update(overrides)
+    return LLM(path, **kwargs)
+
+
+def generate_workload(llm, workload: Workload) -> float:
+    """Run every request greedily with EOS ignored; return wall seconds."""
+    from minivllm import SamplingParams
+
+    # Each timed run starts from a cold prefix cache, so repeated prompts don't hit.
+    llm.llm_engine.kv_cache_manager.reset_prefix_cache()
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in workload.output_lens]
+    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
+    outputs, seconds = timed(llm.generate, prompts, params, use_tqdm=False)
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    if produced != workload.num_output_tokens:
+        raise RuntimeError(f"generated {produced} tokens, expected {workload.num_output_tokens}")
+    return seconds
+
+
+def engine_figures(llm) -> dict[str, Any]:
+    """The engine's own counters after a run."""
+    s = llm.llm_engine.stats
+    spec = llm.llm_engine.model_executor.kv_spec  # per rank when tensor-parallel
+    return {"steps": s.num_steps, "preemptions": s.num_preemptions,
+            "num_kv_blocks": s.num_kv_blocks, "peak_blocks_in_use": s.peak_blocks_in_use,
+            "kv_cache_gib": s.num_kv_blocks * spec.block_bytes_all_layers / 2**30}
+
+
+def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark and write the JSON result."""
+    path = checkpoint_path(args)
+    workload = throughput_workload(args.num_requests, 0, tuple(args.input_len_range),
+                                   tuple(args.output_len_range))
+    result: dict[str, Any] = {**environment(), "workload": {
+        "num_requests": len(workload.prompts), "prompt_tokens": workload.num_prompt_tokens,
+        "output_tokens": workload.num_output_tokens}}
+    result["copy_bandwidth_bytes_per_s"] = bw = measure_copy_bandwidth()
+    llm = build_llm(args, path)
+    quarter = max(8, args.max_model_len // 4)
+    warmup = throughput_workload(16, 1, (8, quarter), (4, quarter // 2))
+    generate_workload(llm, warmup)  # warm-up: kernel JIT, allocator, graphs
+    seconds = generate_workload(llm, workload)
+    mini = {"engine": "minivllm", "seconds": seconds,
+            "output_tokens_per_s": workload.num_output_tokens / seconds,
+            "total_tokens_per_s":
+                (workload.num_output_tokens + workload.num_prompt_tokens) / seconds,
+            **engine_figures(llm)}
+    result["minivllm"] = mini
+    if llm.llm_engine.model_runner is None:  # tensor-parallel: the model is in workers
+        print(f"minivllm tp={args.tensor_parallel_size}: "
+              f"{mini['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s", flush=True)
+        write_json(Path(args.output), result)
+        llm.shutdown()
+        return result
+    weights = sum(p.numel() * p.element_size() for p in llm.llm_engine.model_runner.model
+                  .parameters())
+    spec = llm.llm_engine.model_runner.kv_spec
+    roof = decode_roofline(workload, weights, spec.page_size_bytes * spec.num_layers
+                           // spec.block_size, bw)
+    result["roofline"] = vars(roof)
+    mini["fraction_of_roofline"] = mini["output_tokens_per_s"] / roof.max_output_tokens_per_s
+    print(f"minivllm: {mini['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s "
+          f"({mini['fraction_of_roofline']:.0%} of the {roof.max_output_tokens_per_s:.0f} "
+          f"tok/s roofline)", flush=True)
+    if args.peer == "hf":
+        sub = workload.head(args.peer_num_requests or len(workload.prompts))
+        seconds = generate_workload(llm, sub)
+        # The engine holds ~90% of the GPU in KV cache: release it before the peers load.
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+        result["peers"] = run_peers(path, sub, seconds)
+    write_json(Path(args.output), result)
+    return result
+
+
+def run_peers(path: str, sub: Workload, minivllm_seconds: float) -> dict[str, Any]:
+    """transformers on the request set minivllm just ran in ``minivllm_seconds``."""
+    from minivllm.benchmarks import hf_peer
+
+    mini_rate = sub.num_output_tokens / minivllm_seconds
+    peers: dict[str, Any] = {"num_requests": len(sub.prompts),
+                             "output_tokens": sub.num_output_tokens,
+                             "minivllm": {"seconds": minivllm_seconds,
+                                          "output_tokens_per_s": mini_rate}}
+    model = hf_peer.load_hf(path)
+    for name, fn in (("hf_generate_batch", hf_peer.run_hf_continuous),
+                     ("hf_generate", hf_peer.run_hf_generate)):
+        try:
+            peers[name] = fn(model, sub)
+            ratio = mini_rate / peers[name]["output_tokens_per_s"]
+            peers[name]["minivllm_speedup"] = ratio
+            print(f"{name}: {peers[name]['output_tokens_per_s']:.0f} tok/s; "
+                  f"minivllm is {ratio:.1f}x", flush=True)
+        except Exception as exc:  # a peer failing must not lose the other results
+            peers[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"{name} failed: {exc}", flush=True)
+    return peers

@@ -1,0 +1,148 @@
+"""The ``minivllm`` command: ``generate``, ``bench``, ``trace``.
+
+Upstream counterpart: ``vllm/entrypoints/cli/`` (``vllm serve``, ``vllm bench``).
+Engine arguments are generated from ``EngineArgs``'s fields, so the command and the
+Python API always accept the same names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from minivllm.engine.arg_utils import EngineArgs
+
+
+def _add_engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine arguments (see minivllm.EngineArgs)")
+    group.add_argument(
+        "--model", default=None, help="model folder or hub id (default: the built-in demo model)"
+    )
+    for f in dataclasses.fields(EngineArgs):
+        if f.name == "model":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
+            group.add_argument(flag, type=kind, default=f.default)
+
+
+def engine_args_from_namespace(ns: argparse.Namespace, model: str) -> EngineArgs:
+    """Collect the engine-argument fields of a parsed namespace."""
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)}
+    values["model"] = model
+    return EngineArgs(**values)
+
+
+def _cmd_generate(ns: argparse.Namespace) -> int:
+    from minivllm.llm import LLM
+    from minivllm.sampling_params import SamplingParams
+
+    model = ns.model
+    if model is None:
+        from minivllm.demo import demo_model_path
+
+        model = str(demo_model_path())
+        print(
+            f"[minivllm] no --model given: using the built-in demo model at {model} "
+            "(a 5.5M-parameter Llama trained on the King James Bible; pass --model for "
+            "a real checkpoint)"
+        )
+    llm = LLM(**dataclasses.asdict(engine_args_from_namespace(ns, model)))
+    params = SamplingParams(
+        temperature=ns.temperature,
+        top_p=ns.top_p,
+        top_k=ns.top_k,
+        max_tokens=ns.max_tokens,
+        seed=ns.seed_sampling,
+        ignore_eos=ns.ignore_eos,
+    )
+    prompts = ns.prompts or ["The paged KV cache", "Continuous batching means"]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for out in outputs:
+        shown = out.prompt if out.prompt is not None else out.prompt_token_ids
+        print(f"\n--- prompt: {shown!r}\n{out.outputs[0].text!r}")
+        print(
+            f"    ({len(out.outputs[0].token_ids)} tokens, "
+            f"finish_reason={out.outputs[0].finish_reason})"
+        )
+    print("\n" + format_engine_summary(llm.llm_engine))
+    return 0
+
+
+def format_engine_summary(engine) -> str:
+    """The engine summary line block printed after ``generate``."""
+    s = engine.stats
+    return (
+        "engine summary:\n"
+        f"  steps                 {s.num_steps}\n"
+        f"  prompt tokens         {s.num_prompt_tokens}\n"
+        f"  output tokens         {s.num_generation_tokens}\n"
+        f"  prefix-cache hit rate {s.prefix_cache_hit_rate:.1%}\n"
+        f"  peak KV blocks in use {s.peak_blocks_in_use} / {s.num_kv_blocks}\n"
+        f"  preemptions           {s.num_preemptions}"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``minivllm`` command."""
+    parser = argparse.ArgumentParser(prog="minivllm", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate completions for prompts")
+    gen.add_argument("prompts", nargs="*", help="prompt texts")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed-sampling", type=int, default=None, help="per-request sampling seed")
+    gen.add_argument("--ignore-eos", action="store_true")
+    _add_engine_args(gen)
+    gen.set_defaults(func=_cmd_generate)
+    bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    _add_bench_commands(bench_sub)
+    from minivllm.engine import trace_cli
+
+    tr = sub.add_parser("trace", help="run prompts under the engine tracer and save its pictures")
+    trace_cli.add_trace_args(tr)
+    _add_engine_args(tr)
+    trace_cli.set_trace_engine_defaults(tr)
+    tr.set_defaults(func=trace_cli.run_trace)
+    return parser
+
+
+def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
+    from minivllm.benchmarks import kernel, latency, prefix, throughput
+
+    commands = [
+        ("kernel", "paged-attention kernels vs SDPA and copy bandwidth",
+         kernel.add_kernel_bench_args, kernel.run_kernel_bench),
+        ("throughput", "offline throughput vs the roofline and Hugging Face",
+         throughput.add_throughput_args, throughput.run_throughput_bench),
+        ("latency", "batch-1 time to first token and per output token",
+         latency.add_latency_args, latency.run_latency_bench),
+        ("prefix", "shared-prefix workload, prefix caching on vs off",
+         prefix.add_prefix_args, prefix.run_prefix_bench),
+    ]
+    for name, help_text, add_args, run in commands:
+        p = bench_sub.add_parser(name, help=help_text)
+        add_args(p)
+        p.set_defaults(func=lambda ns, run=run: (run(ns), 0)[1])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``minivllm`` console script."""
+    ns = build_parser().parse_args(argv)
+    try:
+        return int(ns.func(ns) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"minivllm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

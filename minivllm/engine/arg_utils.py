@@ -1,0 +1,231 @@
+"""User-facing engine arguments and their resolution into a checked configuration.
+
+Upstream counterpart: ``vllm/engine/arg_utils.py`` (``EngineArgs``,
+``EngineArgs.create_engine_config``). Names and meanings follow vLLM; the defaults are
+documented on each field. Every check happens here, before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minivllm.attention.backends import BACKEND_NAMES
+from minivllm.config import (
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from minivllm.distributed.utils import verify_tensor_parallel_size
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+_DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class EngineArgs:
+    """Arguments of ``LLM(...)`` and of the ``minivllm`` command.
+
+    Attributes:
+        model: Folder with config.json + safetensors, or a Hugging Face hub id.
+        tokenizer: Folder of the tokenizer (defaults to ``model``).
+        dtype: "auto" (the checkpoint's dtype; float32 checkpoints run in bfloat16 on
+            CUDA, as in vLLM), "float32", "float16" or "bfloat16".
+        device: "auto" (CUDA when available), "cpu" or "cuda".
+        block_size: Tokens per KV block.
+        num_kv_blocks: KV pool size in blocks; None sizes it from free memory on CUDA
+            (see ``gpu_memory_utilization``) and from ``cpu_kv_cache_space`` on the CPU.
+        gpu_memory_utilization: Fraction of the GPU's memory the engine may fill.
+        cpu_kv_cache_space: GiB of KV cache on the CPU when num_kv_blocks is None
+            (vLLM's VLLM_CPU_KVCACHE_SPACE, default 4 as there).
+        max_num_seqs: Most requests scheduled in one step.
+        max_num_batched_tokens: Most tokens in one step (default 8192, raised to
+            max_model_len when chunked prefill is off).
+        max_model_len: Longest prompt + output (default: the model's
+            max_position_embeddings).
+        enable_prefix_caching: Reuse KV blocks of identical prefixes.
+        enable_chunked_prefill: Split long prompts across steps.
+        attention_backend: "auto", "torch" or "triton".
+        seed: Seed of the engine's random generator (unseeded requests draw from it).
+        tensor_parallel_size: Number of processes the model is split across.
+        enforce_eager: Disable CUDA graphs.
+    """
+
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_space: float = 4.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    attention_backend: str = "auto"
+    seed: int = 0
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
+        """Build from keyword arguments, rejecting unknown names with a clear message."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown engine argument(s) {unknown}; known: {sorted(known - {'model'})}"
+            )
+        return cls(model=model, **kwargs)
+
+    def create_engine_config(self) -> VllmConfig:
+        """Validate every argument and resolve defaults into a ``VllmConfig``."""
+        self._check_simple_args()
+        device = self._resolve_device()
+        from minivllm.model_executor.loader import resolve_model_path
+
+        model_path = resolve_model_path(self.model)
+        hf_config, eos_ids = _load_hf_config(model_path)
+        verify_tensor_parallel_size(hf_config, self.tensor_parallel_size, device)
+        dtype = self._resolve_dtype(hf_config, device)
+        max_model_len = self._resolve_max_model_len(hf_config)
+        tokenizer = self.tokenizer or (model_path if _has_tokenizer(model_path) else None)
+        model_config = ModelConfig(
+            model=model_path,
+            hf_config=hf_config,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            eos_token_ids=eos_ids,
+            tokenizer=tokenizer,
+        )
+        max_batched = self.max_num_batched_tokens or 8192
+        if not self.enable_chunked_prefill:
+            max_batched = max(max_batched, max_model_len)
+        return VllmConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(
+                block_size=self.block_size,
+                num_kv_blocks=self.num_kv_blocks,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                enable_prefix_caching=self.enable_prefix_caching,
+                cpu_kv_cache_space=self.cpu_kv_cache_space,
+            ),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=max_batched,
+                enable_chunked_prefill=self.enable_chunked_prefill,
+                max_model_len=max_model_len,
+            ),
+            parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
+            device=device,
+            attention_backend=self.attention_backend,
+            seed=self.seed,
+            enforce_eager=self.enforce_eager or device.type != "cuda",
+        )
+
+    def _check_simple_args(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in (
+            "block_size",
+            "num_kv_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "tensor_parallel_size",
+        ):
+            positive(name)
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {list(_DTYPES)}, got {self.dtype!r}")
+        if self.device not in _DEVICES:
+            raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}")
+        if self.attention_backend not in BACKEND_NAMES:
+            raise ValueError(
+                f"attention_backend must be one of {BACKEND_NAMES}, got {self.attention_backend!r}"
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+        if self.cpu_kv_cache_space <= 0:
+            raise ValueError(f"cpu_kv_cache_space must be positive, got {self.cpu_kv_cache_space}")
+
+    def _resolve_device(self) -> torch.device:
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was requested but CUDA is not available")
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def _resolve_dtype(self, hf_config: Any, device: torch.device) -> torch.dtype:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        declared = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(declared, str):
+            declared = _DTYPES.get(declared, torch.float32)
+        dtype = declared if isinstance(declared, torch.dtype) else torch.float32
+        if dtype == torch.float32 and device.type == "cuda":
+            # As vLLM does: float32 on a GPU doubles the bytes every step must move.
+            return torch.bfloat16
+        return dtype
+
+    def _resolve_max_model_len(self, hf_config: Any) -> int:
+        limit = getattr(hf_config, "max_position_embeddings", None)
+        if self.max_model_len is None:
+            if limit is None:
+                raise ValueError(
+                    "max_model_len is required: config.json has no max_position_embeddings"
+                )
+            return int(limit)
+        if limit is not None and self.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's "
+                f"max_position_embeddings={limit}"
+            )
+        return self.max_model_len
+
+
+def _load_hf_config(model_path: str) -> tuple[Any, set[int]]:
+    """Parse config.json (and generation_config.json for EOS ids)."""
+    import transformers
+
+    config_file = os.path.join(model_path, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"no config.json in model folder {model_path!r}")
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(model_path)
+    except (ValueError, KeyError, OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot parse {config_file}: {exc}") from exc
+    eos: set[int] = set()
+    gen_file = os.path.join(model_path, "generation_config.json")
+    sources: list[Any] = [getattr(hf_config, "eos_token_id", None)]
+    if os.path.isfile(gen_file):
+        with open(gen_file) as f:
+            sources.append(json.load(f).get("eos_token_id"))
+    for value in sources:
+        if isinstance(value, int):
+            eos.add(value)
+        elif isinstance(value, list):
+            eos.update(int(v) for v in value)
+    return hf_config, eos
+
+
+def _has_tokenizer(model_path: str) -> bool:
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    return any(os.path.isfile(os.path.join(model_path, n)) for n in names)

@@ -1,0 +1,379 @@
+"""The engine: one in-process loop of schedule -> execute -> update.
+
+Upstream counterparts: ``vllm/v1/engine/llm_engine.py`` (``LLMEngine``), the inner loop
+``vllm/v1/engine/core.py`` (``EngineCore.step``) and the output side
+``vllm/v1/engine/output_processor.py``. vLLM splits these across processes (the core
+runs behind ZeroMQ so tokenization and detokenization overlap the GPU); minivllm keeps
+them in one object so the whole step reads top to bottom in one method.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from minivllm.config import VllmConfig
+from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.kv_cache_utils import get_request_block_hasher
+from minivllm.core.scheduler import Scheduler
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.logprobs import LogprobsProcessor
+from minivllm.engine.parallel_sampling import ParentRequest
+from minivllm.executor.abstract import Executor
+from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.request import Request, RequestStatus
+from minivllm.sampling_params import SamplingParams
+from minivllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+PromptType = str | dict[str, Any]
+"""A prompt: text, or ``{"prompt_token_ids": [...]}`` (optionally with ``"prompt"``)."""
+
+
+@dataclass
+class EngineStats:
+    """Counters of one engine's lifetime, printed by ``minivllm generate``."""
+
+    num_steps: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    peak_blocks_in_use: int = 0
+    num_kv_blocks: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Fraction of looked-up prompt tokens served from the prefix cache."""
+        return (
+            self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        )
+
+
+class LLMEngine:
+    """Tokenize, schedule, run the model, detokenize; one ``step()`` at a time."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.vllm_config = vllm_config
+        model_config = vllm_config.model_config
+        cache_config = vllm_config.cache_config
+        self.tokenizer = _load_tokenizer(model_config.tokenizer)
+        # In-process runner for tensor_parallel_size 1, worker processes otherwise.
+        self.model_executor = Executor.get_class(vllm_config)(vllm_config)
+        # The in-process runner (None when the model runs in worker processes).
+        self.model_runner: ModelRunner | None = self.model_executor.model_runner
+        try:
+            num_blocks = self.model_executor.determine_num_blocks()
+            _check_pool_fits_one_request(
+                num_blocks, cache_config.block_size, model_config.max_model_len
+            )
+            cache_config.num_kv_blocks = num_blocks
+            self.model_executor.initialize_kv_cache(num_blocks)
+        except BaseException:
+            self.model_executor.shutdown()  # no worker process outlives a failed init
+            raise
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(vllm_config.scheduler_config, self.kv_cache_manager)
+        self._block_hasher = (
+            get_request_block_hasher(cache_config.block_size)
+            if cache_config.enable_prefix_caching
+            else None
+        )
+        self._request_counter = itertools.count()
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._logprobs: dict[str, LogprobsProcessor] = {}
+        # child request id -> (its parent, its index), for n > 1 requests.
+        self._parents: dict[str, tuple[ParentRequest, int]] = {}
+        self.stats = EngineStats(num_kv_blocks=num_blocks)
+        # Set by minivllm.engine.tracer.trace(): records every step when not None.
+        self.tracer: Any = None
+        logger.info(
+            "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB",
+            num_blocks,
+            cache_config.block_size,
+            num_blocks * cache_config.block_size,
+            num_blocks * self.model_executor.kv_spec.block_bytes_all_layers / 2**20,
+        )
+
+    def shutdown(self) -> None:
+        """Stop the model's worker processes, if any (idempotent)."""
+        self.model_executor.shutdown()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        """Validate the arguments, then build the engine."""
+        return cls(engine_args.create_engine_config())
+
+    # ---- requests in ------------------------------------------------------------------
+
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """Normalize a prompt into ``(text or None, token ids)``."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" not in prompt:
+                raise ValueError("a dict prompt needs a 'prompt_token_ids' list")
+            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+        if not isinstance(prompt, str):
+            raise ValueError(f"a prompt is a str or a dict, got {type(prompt).__name__}")
+        if self.tokenizer is None:
+            raise ValueError(
+                "this model folder has no tokenizer: pass {'prompt_token_ids': [...]} prompts"
+            )
+        return prompt, self.tokenizer.encode(prompt)
+
+    def process_inputs(self, prompt: PromptType, params: SamplingParams) -> Request:
+        """Tokenize and validate one prompt into a ``Request`` (nothing is queued yet).
+
+        Upstream counterpart: ``InputProcessor.process_inputs``.
+        """
+        text, token_ids = self.tokenize(prompt)
+        max_len = self.vllm_config.model_config.max_model_len
+        request_id = str(next(self._request_counter))
+        if not token_ids:
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        vocab = self.vllm_config.model_config.hf_config.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            bad = next(t for t in token_ids if not 0 <= t < vocab)
+            raise ValueError(
+                f"request {request_id}: token id {bad} is outside the vocabulary [0, {vocab})"
+            )
+        if len(token_ids) >= max_len:
+            raise ValueError(
+                f"request {request_id}: prompt has {len(token_ids)} tokens, but "
+                f"max_model_len={max_len} leaves no room for output"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError(
+                f"request {request_id}: SamplingParams.stop needs text, but this model "
+                f"folder has no tokenizer"
+            )
+        params = copy.copy(params)  # the engine adds EOS ids; the caller's object stays
+        params.update_from_generation_config(self.vllm_config.model_config.eos_token_ids)
+        eos = min(self.vllm_config.model_config.eos_token_ids, default=None)
+        return Request(
+            request_id, token_ids, params, eos, time.time(), self._block_hasher, prompt=text
+        )
+
+    def add_processed_request(self, request: Request) -> None:
+        """Queue a request built by ``process_inputs``.
+
+        A request with ``n > 1`` is fanned out into ``n`` child requests (see
+        ``ParentRequest``); its id still names the one ``RequestOutput`` it produces.
+        """
+        params = request.sampling_params
+        if params.n == 1:
+            self._add_one(request)
+            return
+        parent = ParentRequest(request.request_id, params)
+        for index in range(params.n):
+            child_id, child_params = parent.get_child_info(index)
+            child = Request(
+                child_id,
+                request.prompt_token_ids,
+                child_params,
+                request.eos_token_id,
+                request.arrival_time,
+                self._block_hasher,
+                prompt=request.prompt,
+            )
+            self._add_one(child)
+            self._parents[child_id] = (parent, index)
+
+    def _add_one(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+        params = request.sampling_params
+        if self.tokenizer is not None:
+            self._detokenizers[request.request_id] = IncrementalDetokenizer(
+                self.tokenizer,
+                request.prompt_token_ids,
+                params.skip_special_tokens,
+                params.stop,
+                params.min_tokens,
+                params.include_stop_str_in_output,
+            )
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            self._logprobs[request.request_id] = LogprobsProcessor(
+                self.tokenizer,
+                params.logprobs,
+                params.prompt_logprobs,
+                request.num_prompt_tokens,
+            )
+        self.stats.num_prompt_tokens += request.num_prompt_tokens
+
+    def add_request(self, prompt: PromptType, params: SamplingParams) -> str:
+        """Tokenize, validate and queue one prompt; returns its request id."""
+        request = self.process_inputs(prompt, params)
+        self.add_processed_request(request)
+        return request.request_id
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting or running."""
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the loop ---------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return the outputs of requests that finished in it."""
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.model_executor.execute_model(scheduler_output)
+        finished = self.scheduler.update_from_output(
+            scheduler_output, runner_output.sampled_token_ids
+        )
+        self._update_logprobs(scheduler_output, runner_output)
+        finished += self._apply_stop_strings(scheduler_output, finished)
+        self._record_step(scheduler_output, len(runner_output.sampled_token_ids))
+        if self.tracer is not None:
+            self.tracer.record_step(scheduler_output, self.kv_cache_manager)
+        outputs = (self._make_output(r) for r in finished)
+        return [o for o in outputs if o is not None]
+
+    def _update_logprobs(self, scheduler_output: Any, runner_output: Any) -> None:
+        """Hand this step's sample and prompt logprobs to the requests' processors."""
+        if not self._logprobs:
+            return
+        if runner_output.logprobs is not None:
+            for row, s in enumerate(scheduler_output.sampling_requests()):
+                proc = self._logprobs.get(s.request_id)
+                # Only if the token was kept (a request aborted mid-step drops it).
+                if (
+                    proc is not None
+                    and proc.logprobs is not None
+                    and (len(proc.logprobs) < s.request.num_output_tokens)
+                ):
+                    proc.add_sample(runner_output.logprobs, row)
+        for req_id, chunk in runner_output.prompt_logprobs.items():
+            if (proc := self._logprobs.get(req_id)) is not None:
+                proc.add_prompt_chunk(chunk.start, chunk.lists)
+
+    def _apply_stop_strings(self, scheduler_output: Any, finished: list[Request]) -> list[Request]:
+        """Detokenize requests with stop strings and finish those that produced one.
+
+        Mirrors vLLM's output processor: stop strings are found in text, after the
+        scheduler has already applied the token-level rules, so a request the scheduler
+        just finished (by length or a stop token) is checked too, and a stop string
+        found in it wins (``finish_reason "stop"``, ``stop_reason`` the string).
+        Requests without stop strings are detokenized once, when they finish: doing it
+        every step would only cost time in the loop.
+        """
+        stopped = []
+        for s in scheduler_output.sampling_requests():
+            request = s.request
+            detok = self._detokenizers.get(request.request_id)
+            if detok is None or not detok.stop:
+                continue
+            new_ids = request.output_token_ids[detok.num_output_tokens :]
+            if not new_ids:
+                continue  # its token was dropped (finished before the step's results)
+            stop_terminated = request.status == RequestStatus.FINISHED_STOPPED
+            stop_str = detok.update_and_check_stop(new_ids, stop_terminated)
+            if stop_str is None:
+                continue
+            request.stop_reason = stop_str
+            if request.is_finished():
+                request.status = RequestStatus.FINISHED_STOPPED
+            else:
+                self.scheduler.finish_requests([request.request_id], RequestStatus.FINISHED_STOPPED)
+                stopped.append(request)
+        return stopped
+
+    def _record_step(self, scheduler_output: Any, num_sampled: int) -> None:
+        stats = self.stats
+        stats.num_steps += 1
+        stats.num_generation_tokens += num_sampled
+        stats.num_preemptions += len(scheduler_output.preempted_req_ids)
+        in_use = self.kv_cache_manager.num_blocks - self.kv_cache_manager.num_free_blocks
+        stats.peak_blocks_in_use = max(stats.peak_blocks_in_use, in_use)
+        prefix = self.kv_cache_manager.prefix_cache_stats
+        stats.prefix_cache_queries, stats.prefix_cache_hits = prefix.queries, prefix.hits
+
+    # ---- outputs ----------------------------------------------------------------------
+
+    def _make_completion(self, request: Request) -> CompletionOutput:
+        """The finished request's ``CompletionOutput``; forgets its per-request state."""
+        req_id = request.request_id
+        params = request.sampling_params
+        detok = self._detokenizers.pop(req_id, None)
+        text = ""
+        if detok is not None:
+            if detok.stop:
+                text = detok.output_text
+            else:
+                ids = request.output_token_ids
+                if (
+                    request.status == RequestStatus.FINISHED_STOPPED
+                    and not params.include_stop_str_in_output
+                ):
+                    ids = ids[:-1]  # as vLLM: the EOS / stop token's text is left out
+                text = self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        proc = self._logprobs.get(req_id)
+        return CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=list(request.output_token_ids),
+            cumulative_logprob=None if proc is None else proc.cumulative_logprob,
+            logprobs=None if proc is None else proc.logprobs,
+            finish_reason=request.get_finished_reason(),
+            stop_reason=request.stop_reason,
+        )
+
+    def _make_output(self, request: Request) -> RequestOutput | None:
+        """The ``RequestOutput`` of a finished request, or None for a child of an
+        ``n > 1`` request whose siblings are still running."""
+        completion = self._make_completion(request)
+        proc = self._logprobs.pop(request.request_id, None)
+        prompt_logprobs = None if proc is None else proc.prompt_logprobs
+        num_cached_tokens = request.num_cached_tokens
+        parent_info = self._parents.pop(request.request_id, None)
+        if parent_info is None:
+            outputs = [completion]
+            request_id = request.request_id
+        else:
+            parent, index = parent_info
+            if index == 0:
+                # Prompt-level fields come from the first sample.
+                parent.prompt_logprobs = prompt_logprobs
+                parent.num_cached_tokens = num_cached_tokens
+            if not parent.add_output(request.request_id, index, completion):
+                return None
+            outputs = parent.completions()
+            request_id = parent.request_id
+            prompt_logprobs, num_cached_tokens = parent.prompt_logprobs, parent.num_cached_tokens
+        return RequestOutput(
+            request_id=request_id,
+            prompt=request.prompt,
+            prompt_token_ids=list(request.prompt_token_ids),
+            outputs=outputs,
+            finished=True,
+            prompt_logprobs=prompt_logprobs,
+            num_cached_tokens=num_cached_tokens,
+        )
+
+
+def _load_tokenizer(path: str | None) -> Any:
+    if path is None:
+        return None
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load the tokenizer from {path!r}: {exc}") from exc
+
+
+def _check_pool_fits_one_request(num_blocks: int, block_size: int, max_model_len: int) -> None:
+    capacity = num_blocks * block_size
+    if capacity < max_model_len:
+        raise ValueError(
+            f"the KV pool holds {num_blocks} blocks x {block_size} tokens = {capacity} "
+            f"tokens, fewer than max_model_len={max_model_len}: one full-length request "
+            f"could never run. Raise num_kv_blocks (or gpu_memory_utilization) or lower "
+            f"max_model_len."
+        )

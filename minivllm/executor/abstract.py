@@ -1,0 +1,58 @@
+"""The executor: what the engine calls to run the model, however many processes that takes.
+
+Upstream counterpart: ``vllm/v1/executor/abstract.py`` (``Executor``,
+``Executor.get_class``). The engine talks to exactly one object with four calls (size
+the KV cache, allocate it, run a step, shut down); whether the model lives in the
+engine's own process or is split over N worker processes is the executor's business.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from minivllm.config import VllmConfig
+from minivllm.core.sched_output import SchedulerOutput
+from minivllm.worker.kv_cache import KVCacheSpec
+from minivllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+
+
+class Executor(ABC):
+    """Runs the model for the engine.
+
+    Attributes:
+        vllm_config: The engine's configuration.
+        kv_spec: The KV cache geometry of one rank (all ranks are alike).
+        model_runner: The in-process runner, or None when the model runs in workers.
+    """
+
+    kv_spec: KVCacheSpec
+    model_runner: ModelRunner | None = None
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.vllm_config = vllm_config
+
+    @staticmethod
+    def get_class(vllm_config: VllmConfig) -> type[Executor]:
+        """The executor for this configuration: in-process for one rank, else processes."""
+        if vllm_config.parallel_config.tensor_parallel_size == 1:
+            from minivllm.executor.uniproc_executor import UniProcExecutor
+
+            return UniProcExecutor
+        from minivllm.executor.multiproc_executor import MultiprocExecutor
+
+        return MultiprocExecutor
+
+    @abstractmethod
+    def determine_num_blocks(self) -> int:
+        """KV blocks every rank can hold: the minimum over the ranks."""
+
+    @abstractmethod
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate ``num_blocks`` KV blocks on every rank."""
+
+    @abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one scheduled step on every rank; return the sampled tokens."""
+
+    def shutdown(self) -> None:  # noqa: B027 (nothing to release in one process)
+        """Release the workers (idempotent)."""

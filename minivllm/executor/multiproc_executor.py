@@ -1,0 +1,268 @@
+"""Tensor parallelism over N worker processes, driven from the engine's process.
+
+Upstream counterpart: ``vllm/v1/executor/multiproc_executor.py`` (``MultiprocExecutor``,
+``WorkerProc.worker_main``, ``WorkerProc.worker_busy_loop``).
+
+Process layout: the engine process (scheduler, tokenizer, detokenizer) is *not* a rank.
+It starts one worker process per rank, and every call is a collective RPC: the same
+pickled ``(method, args)`` is written to every worker's pipe, every worker runs it, and
+every worker answers (rank 0 with the result, the others with an acknowledgement).
+Keeping the engine out of the collectives is what makes failures reportable: a rank that
+raises leaves the others blocked inside an all-reduce, and only a process that is not
+itself blocked there can notice, name the rank, and kill them all.
+
+vLLM does the same with a shared-memory ring buffer (``MessageQueue``) for the
+broadcast and a response queue per worker; minivllm uses one ``multiprocessing`` pipe
+per worker, which costs a few tens of microseconds more per step and needs no code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+import weakref
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from minivllm.config import VllmConfig
+from minivllm.core.sched_output import SchedulerOutput
+from minivllm.distributed.utils import get_distributed_init_method, get_open_port
+from minivllm.executor.abstract import Executor
+from minivllm.executor.step_message import StepMessageEncoder
+from minivllm.worker.model_runner import ModelRunnerOutput
+
+logger = logging.getLogger(__name__)
+
+START_METHOD_ENV = "MINIVLLM_WORKER_MULTIPROC_METHOD"
+"""Environment variable that forces ``fork`` or ``spawn`` (vLLM:
+``VLLM_WORKER_MULTIPROC_METHOD``)."""
+
+_SHUTDOWN = "shutdown"
+
+
+def get_mp_context(vllm_config: VllmConfig) -> mp.context.BaseContext:
+    """``spawn`` on CUDA, ``fork`` on the CPU (unless ``START_METHOD_ENV`` says otherwise).
+
+    A forked child inherits its parent's CUDA state, which CUDA does not support, so
+    GPU workers are spawned: a fresh interpreter that imports torch again (seconds).
+    On the CPU there is no such state, and fork starts a worker in milliseconds.
+    """
+    method = os.environ.get(START_METHOD_ENV)
+    if method is None:
+        cpu = vllm_config.device.type == "cpu"
+        method = "fork" if cpu and "fork" in mp.get_all_start_methods() else "spawn"
+    return mp.get_context(method)
+
+
+class MultiprocExecutor(Executor):
+    """Starts ``tensor_parallel_size`` worker processes and runs every call on all of them.
+
+    A failure in any rank (an exception, or the process dying) shuts every worker down
+    and raises ``RuntimeError("rank R: <error>")`` with the remote traceback; so does an
+    interrupt (Ctrl-C) while a call is in flight. Workers are daemons, ignore SIGINT
+    (the engine decides), and exit by themselves when the engine process disappears.
+    """
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        super().__init__(vllm_config)
+        self.world_size = vllm_config.parallel_config.tensor_parallel_size
+        self.workers: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        self._encoder = StepMessageEncoder()
+        self._dead_reason: str | None = None
+        # Runs shutdown when the executor is garbage collected or the interpreter exits,
+        # so a forgotten LLM never leaves processes behind.
+        self._finalizer = weakref.finalize(self, _terminate_workers, self.workers, self.conns)
+        try:
+            self._start_workers()
+            self.collective_rpc("init_device")
+            self.collective_rpc("load_model")
+            self.kv_spec = self.collective_rpc("get_kv_spec")[0]
+        except BaseException:
+            self.shutdown(graceful=False)
+            raise
+
+    def _start_workers(self) -> None:
+        ctx = get_mp_context(self.vllm_config)
+        init_method = get_distributed_init_method("127.0.0.1", get_open_port())
+        for rank in range(self.world_size):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(
+                target=worker_main,
+                # A forked child inherits the engine's ends of the earlier workers'
+                # pipes; it closes them, or they would outlive the engine.
+                args=(self.vllm_config, rank, init_method, child_end, list(self.conns)),
+                name=f"minivllm-tp-rank{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child_end.close()
+            self.workers.append(proc)
+            self.conns.append(parent_end)
+
+    # ---- calls -----------------------------------------------------------------------
+
+    def collective_rpc(self, method: str, *args: Any) -> list[Any]:
+        """Run ``Worker.<method>(*args)`` on every rank; return the answers in rank order.
+
+        The message is pickled once and the same bytes go to every pipe. Answers are
+        awaited from all ranks at once, so whichever rank fails first is reported.
+        """
+        if self._dead_reason is not None:
+            raise RuntimeError(f"the tensor-parallel workers are shut down: {self._dead_reason}")
+        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            for conn in self.conns:
+                conn.send_bytes(data)
+            return self._gather(method)
+        except BaseException as exc:
+            # An error or Ctrl-C mid-call leaves the ranks out of step (some may be
+            # blocked in a collective forever): the only safe state is no workers.
+            self._dead_reason = f"{method} failed: {type(exc).__name__}"
+            self.shutdown(graceful=False)
+            raise
+
+    def _gather(self, method: str) -> list[Any]:
+        results: list[Any] = [None] * self.world_size
+        pending = dict(zip(self.conns, range(self.world_size)))
+        while pending:
+            # A timeout, so an interrupt delivered to another thread is seen within 1 s.
+            for conn in wait(list(pending), timeout=1.0):
+                rank = pending.pop(conn)
+                try:
+                    reply = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    proc = self.workers[rank]
+                    proc.join(timeout=1.0)
+                    raise RuntimeError(
+                        f"rank {rank}: the worker process died during {method} "
+                        f"(exit code {proc.exitcode})"
+                    ) from None
+                if reply[0] == "error":
+                    _, summary, remote_tb = reply
+                    raise RuntimeError(
+                        f"rank {rank}: {summary}\n\nTraceback of rank {rank}:\n{remote_tb}"
+                    )
+                results[rank] = reply[1]
+        return results
+
+    def determine_num_blocks(self) -> int:
+        """Each rank sizes its pool; all use the smallest so every block id is valid
+        everywhere (vLLM: ``get_kv_cache_configs`` takes the same minimum)."""
+        per_rank = self.collective_rpc("determine_num_blocks")
+        if len(set(per_rank)) > 1:
+            logger.info("KV blocks per rank %s: using the minimum", per_rank)
+        return min(per_rank)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate ``num_blocks`` on every rank."""
+        self.collective_rpc("initialize_kv_cache", num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Send the step's diff to every rank; return rank 0's sampled tokens."""
+        msg = self._encoder.encode(scheduler_output)
+        return self.collective_rpc("execute_model", msg)[0]
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """Stop every worker; idempotent.
+
+        Graceful: ask each worker to leave the process group and exit, then wait.
+        Otherwise (after an error, when ranks may be stuck in a collective): SIGTERM,
+        then SIGKILL for any that survive.
+        """
+        if self._dead_reason is None:
+            self._dead_reason = "shutdown() was called"
+        if self._finalizer.detach() is not None:
+            _terminate_workers(self.workers, self.conns, graceful)
+
+
+def _terminate_workers(
+    workers: list[BaseProcess], conns: list[Connection], graceful: bool = True
+) -> None:
+    """Make sure no worker process is left, gracefully if possible."""
+    if graceful:
+        for conn in conns:
+            with contextlib.suppress(OSError):  # that worker is already gone
+                conn.send_bytes(pickle.dumps((_SHUTDOWN, ())))
+        _join_all(workers, timeout=5.0)
+    for proc in workers:
+        if proc.is_alive():
+            proc.terminate()
+    _join_all(workers, timeout=5.0)
+    for proc in workers:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()
+
+
+def _join_all(workers: list[BaseProcess], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for proc in workers:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+# ---- the worker process ----------------------------------------------------------------
+
+
+def worker_main(
+    vllm_config: VllmConfig,
+    rank: int,
+    distributed_init_method: str,
+    conn: Connection,
+    inherited: list[Connection],
+) -> None:
+    """Entry point of a worker process: serve calls from the engine until told to stop.
+
+    Each call's exception is sent back as ``("error", "Type: message", traceback)``
+    and the loop goes on (the engine decides what a failure means: it shuts down).
+    """
+    # Ctrl-C reaches the whole foreground process group; only the engine handles it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for other in inherited:
+        other.close()
+    _watch_parent(os.getppid())
+    from minivllm.worker.worker import Worker
+
+    worker = Worker(vllm_config, rank, distributed_init_method)
+    try:
+        while True:
+            try:
+                method, args = pickle.loads(conn.recv_bytes())
+            except EOFError:
+                return  # the engine closed its end: it is gone
+            if method == _SHUTDOWN:
+                return
+            try:
+                reply: tuple = ("ok", getattr(worker, method)(*args))
+            except Exception as exc:
+                reply = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+    finally:
+        worker.shutdown()
+        conn.close()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit this process when the engine process dies, even mid-collective.
+
+    The pipe's EOF only wakes a worker that is waiting on the pipe; one blocked in an
+    all-reduce whose peer was killed would wait forever. A daemon thread polling the
+    parent's pid catches both cases (vLLM's ``monitor_death_pipe`` plays this role).
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()

@@ -1,0 +1,34 @@
+"""Tensor parallelism of one: the model runner lives in the engine's process.
+
+Upstream counterpart: ``vllm/v1/executor/uniproc_executor.py`` (``UniProcExecutor``).
+No process group is created, so every tensor-parallel layer sees a world of one and
+every collective is the identity.
+"""
+
+from __future__ import annotations
+
+from minivllm.config import VllmConfig
+from minivllm.core.sched_output import SchedulerOutput
+from minivllm.executor.abstract import Executor
+from minivllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+
+
+class UniProcExecutor(Executor):
+    """Calls one in-process ``ModelRunner`` directly."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        super().__init__(vllm_config)
+        self.model_runner = ModelRunner(vllm_config)
+        self.kv_spec = self.model_runner.kv_spec
+
+    def determine_num_blocks(self) -> int:
+        """The runner's own answer (there is only one rank)."""
+        return self.model_runner.determine_num_blocks()
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the runner's KV cache."""
+        self.model_runner.initialize_kv_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the step in this process."""
+        return self.model_runner.execute_model(scheduler_output)

@@ -1,0 +1,94 @@
+"""The offline entry point: ``LLM(model).generate(prompts, params)``.
+
+Upstream counterpart: ``vllm/entrypoints/llm.py`` (``LLM``, ``LLM.generate``,
+``LLM._run_engine``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.llm_engine import LLMEngine, PromptType
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+
+class LLM:
+    """Generate completions for a batch of prompts with continuous batching.
+
+    Args:
+        model: Folder with ``config.json`` and ``*.safetensors`` (plus tokenizer files),
+            or a Hugging Face hub id when a network is available.
+        **kwargs: Engine arguments with vLLM's names (see ``EngineArgs``); an unknown
+            name raises ``ValueError``.
+    """
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.engine_args = EngineArgs.from_kwargs(model, **kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(self.engine_args)
+
+    def get_tokenizer(self) -> Any:
+        """The Hugging Face tokenizer, or None when the model folder has none."""
+        return self.llm_engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (idempotent; a no-op for one rank).
+
+        Garbage collection and interpreter exit do this too; ``with LLM(...) as llm:``
+        does it at a known point.
+        """
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate a completion for each prompt; outputs come back in prompt order.
+
+        Args:
+            prompts: One prompt or a list; a prompt is a string or
+                ``{"prompt_token_ids": [...]}``.
+            sampling_params: One ``SamplingParams`` for all prompts or a list with one
+                per prompt; None means ``SamplingParams()``.
+            use_tqdm: Show a progress bar over requests.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"sampling_params has {len(params_list)} entries for {len(prompts)} prompts"
+                )
+        # Validate every prompt before queueing any, so a bad one leaves nothing behind.
+        requests = [self.llm_engine.process_inputs(p, sp) for p, sp in zip(prompts, params_list)]
+        for request in requests:
+            self.llm_engine.add_processed_request(request)
+        order = {request.request_id: i for i, request in enumerate(requests)}
+        return self._run_engine(order, use_tqdm)
+
+    def _run_engine(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
+        outputs: list[RequestOutput | None] = [None] * len(order)
+        with tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm) as bar:
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    outputs[order[output.request_id]] = output
+                    bar.update(1)
+        return [o for o in outputs if o is not None]

@@ -1,0 +1,162 @@
+"""Per-batch sampling inputs, gathered once per step from the requests that sample.
+
+Upstream counterpart: ``vllm/v1/sample/metadata.py`` (``SamplingMetadata``), filled by
+``InputBatch._make_sampling_metadata`` in ``vllm/v1/worker/gpu_input_batch.py``. The
+sampler works on whole-batch tensors; this is where per-request Python values become
+those tensors. Each optional pass of the sampler has a tensor here that is None when no
+row of the batch uses it, so a plain batch pays for none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from minivllm.request import Request
+from minivllm.sampling_params import SamplingType
+
+
+@dataclass
+class SamplingMetadata:
+    """Sampling settings of the rows of one logits tensor (one row per request).
+
+    Attributes:
+        temperature: ``[num_reqs]`` float32, 0 on greedy rows; None when all greedy.
+        all_greedy: Every row is greedy: skip temperature, filters and the random draw.
+        all_random: No row is greedy: skip the greedy argmax.
+        top_p: ``[num_reqs]`` float32 (1 = off), or None when no row uses top-p.
+        top_k: ``[num_reqs]`` int64 (``vocab_size`` = off), or None when no row uses it.
+        min_p: ``[num_reqs]`` float32 (0 = off), or None when no row uses min-p.
+        generators: Row index -> that request's seeded generator.
+        max_num_logprobs: Largest ``logprobs`` of any row, or None when no row wants
+            logprobs.
+        prompt_token_ids: ``[num_reqs, max_prompt_len]`` int64 padded with
+            ``vocab_size``; None when no row uses a penalty.
+        output_token_ids: Same for the tokens generated so far.
+        presence_penalties: ``[num_reqs]`` float32 (None when no penalties).
+        frequency_penalties: ``[num_reqs]`` float32.
+        repetition_penalties: ``[num_reqs]`` float32.
+        min_tokens_rows: ``[n]`` row of each (row, stop token) pair to forbid because
+            the row has not generated ``min_tokens`` yet; None when there are none.
+        min_tokens_token_ids: ``[n]`` the token of each pair.
+    """
+
+    temperature: torch.Tensor | None
+    all_greedy: bool
+    all_random: bool
+    top_p: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+    generators: dict[int, torch.Generator] = field(default_factory=dict)
+    max_num_logprobs: int | None = None
+    prompt_token_ids: torch.Tensor | None = None
+    output_token_ids: torch.Tensor | None = None
+    presence_penalties: torch.Tensor | None = None
+    frequency_penalties: torch.Tensor | None = None
+    repetition_penalties: torch.Tensor | None = None
+    min_tokens_rows: torch.Tensor | None = None
+    min_tokens_token_ids: torch.Tensor | None = None
+
+    @property
+    def no_penalties(self) -> bool:
+        """True when the penalty pass can be skipped."""
+        return self.repetition_penalties is None
+
+    @classmethod
+    def from_requests(
+        cls,
+        requests: list[Request],
+        device: torch.device,
+        generators: dict[str, torch.Generator],
+        vocab_size: int,
+    ) -> SamplingMetadata:
+        """Gather the settings of ``requests`` (one logits row each, in order).
+
+        Args:
+            requests: The requests sampling this step.
+            device: Where the logits live.
+            generators: request_id -> generator for seeded requests (owned by the runner
+                so that a request's random stream survives across steps and preemption).
+            vocab_size: Width of the logits (pad id for token tensors, "off" for top-k).
+        """
+        params = [r.sampling_params for r in requests]
+        temps = [p.temperature for p in params]
+        all_greedy = all(t == 0.0 for t in temps)
+        all_random = all(t != 0.0 for t in temps)
+
+        def to_dev(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        md = cls(
+            temperature=None if all_greedy else to_dev(temps, torch.float32),
+            all_greedy=all_greedy,
+            all_random=all_random,
+        )
+        if not all_greedy:
+            # Filters only matter for random rows; greedy params already carry "off".
+            if any(p.top_p < 1.0 for p in params):
+                md.top_p = to_dev([p.top_p for p in params], torch.float32)
+            if any(p.top_k > 0 for p in params):
+                ks = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
+                md.top_k = to_dev(ks, torch.int64)
+            if any(p.min_p > 0.0 for p in params):
+                md.min_p = to_dev([p.min_p for p in params], torch.float32)
+            md.generators = {
+                i: generators[r.request_id]
+                for i, r in enumerate(requests)
+                if r.sampling_params.sampling_type == SamplingType.RANDOM_SEED
+            }
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        md.max_num_logprobs = max(wanted) if wanted else None
+        if any(_uses_penalties(p) for p in params):
+            md.prompt_token_ids = to_dev_padded(
+                [r.prompt_token_ids for r in requests], vocab_size, device
+            )
+            md.output_token_ids = to_dev_padded(
+                [r.output_token_ids for r in requests], vocab_size, device
+            )
+            md.presence_penalties = to_dev([p.presence_penalty for p in params], torch.float32)
+            md.frequency_penalties = to_dev([p.frequency_penalty for p in params], torch.float32)
+            md.repetition_penalties = to_dev([p.repetition_penalty for p in params], torch.float32)
+        _add_min_tokens(md, requests, device, vocab_size)
+        return md
+
+
+def _uses_penalties(params) -> bool:
+    return (
+        params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+        or params.repetition_penalty != 1.0
+    )
+
+
+def to_dev_padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
+    """Stack ragged id lists into one ``[len(rows), max_len]`` int64 tensor.
+
+    Each row is copied as a whole (a C-level slice copy), never token by token; the
+    padding id ``pad`` (= vocab size) falls into the penalty histogram's spare column.
+    """
+    out = np.full((len(rows), max(1, max(map(len, rows)))), pad, dtype=np.int64)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return torch.from_numpy(out).to(device, non_blocking=True)
+
+
+def _add_min_tokens(
+    md: SamplingMetadata, requests: list[Request], device: torch.device, vocab_size: int
+) -> None:
+    """Fill the (row, token) pairs that min_tokens forbids this step."""
+    rows: list[int] = []
+    token_ids: list[int] = []
+    for i, r in enumerate(requests):
+        p = r.sampling_params
+        if r.num_output_tokens < p.min_tokens:
+            # An id outside the vocabulary can never be sampled, so it needs no mask.
+            stop_ids = sorted(t for t in p.min_tokens_stop_ids if 0 <= t < vocab_size)
+            rows += [i] * len(stop_ids)
+            token_ids += stop_ids
+    if rows:
+        md.min_tokens_rows = torch.tensor(rows, dtype=torch.int64).to(device)
+        md.min_tokens_token_ids = torch.tensor(token_ids, dtype=torch.int64).to(device)

@@ -1,0 +1,126 @@
+"""Turn one step's logits into one token per request, each with its own parameters.
+
+Upstream counterparts: ``vllm/v1/sample/sampler.py`` (``Sampler``) and, for the same
+pipeline as Triton kernels over GPU-resident state, Model Runner V2's
+``vllm/v1/worker/gpu/sample/sampler.py``.
+
+The order is vLLM's, and it matters:
+
+1. raw logprobs (if any row wants logprobs), from the logits as the model gave them;
+2. float32 copy;
+3. min_tokens: forbid stop tokens (may change the argmax, so before greedy);
+4. penalties: repetition, frequency, presence (also before greedy);
+5. greedy argmax (rows with temperature 0 are done here);
+6. temperature;
+7. min_p (relative to the *tempered* top probability);
+8. top-k, then top-p on what top-k kept;
+9. the exponential race, per-row generators for seeded requests;
+10. pick greedy or random per row; gather logprobs of the sampled tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from minivllm.sample.logits_processors import apply_min_p, apply_min_tokens
+from minivllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
+from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.penalties import apply_penalties
+from minivllm.sample.topk_topp_sampler import apply_top_k_top_p, random_sample
+
+
+@dataclass
+class SamplerOutput:
+    """What the sampler returns for one step.
+
+    Attributes:
+        sampled_token_ids: ``[num_reqs]`` int64, on the device.
+        logprobs_tensors: Sampled token's and top-N raw logprobs per row, or None when
+            no row asked for logprobs.
+    """
+
+    sampled_token_ids: torch.Tensor
+    logprobs_tensors: LogprobsTensors | None = None
+
+
+class Sampler(nn.Module):
+    """One batched pass over all rows, every optional stage skipped when unused.
+
+    Args:
+        generator: The engine-wide generator for requests without a seed.
+    """
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.generator = generator
+
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Sample one token per row of ``logits [num_reqs, vocab]``."""
+        raw_logprobs = None
+        if metadata.max_num_logprobs is not None:
+            # vLLM's default "raw_logprobs": before any of the steps below.
+            raw_logprobs = compute_logprobs(logits)
+        # A float32 copy: the steps below work in place, the caller's logits stay intact.
+        logits = logits.to(torch.float32, copy=True)
+        logits = self.apply_logits_processors(logits, metadata)
+        sampled = self.sample(logits, metadata)
+        logprobs_tensors = None
+        if raw_logprobs is not None:
+            assert metadata.max_num_logprobs is not None
+            logprobs_tensors = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
+        return SamplerOutput(sampled, logprobs_tensors)
+
+    @staticmethod
+    def apply_logits_processors(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """The stages that may change the argmax: min_tokens, then penalties."""
+        if metadata.min_tokens_rows is not None:
+            assert metadata.min_tokens_token_ids is not None
+            apply_min_tokens(logits, metadata.min_tokens_rows, metadata.min_tokens_token_ids)
+        if not metadata.no_penalties:
+            apply_penalties(
+                logits,
+                metadata.prompt_token_ids,
+                metadata.output_token_ids,
+                metadata.presence_penalties,
+                metadata.frequency_penalties,
+                metadata.repetition_penalties,
+            )
+        return logits
+
+    @staticmethod
+    def apply_temperature(
+        logits: torch.Tensor, temperature: torch.Tensor, all_random: bool
+    ) -> torch.Tensor:
+        """Divide each row by its temperature, in place (greedy rows by 1)."""
+        if not all_random:
+            # Greedy rows carry 0; their random draw is discarded, but must not be NaN.
+            temperature = torch.where(temperature == 0.0, 1.0, temperature)
+        return logits.div_(temperature.unsqueeze(1))
+
+    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Greedy rows take the argmax; the others draw from their filtered distribution."""
+        greedy = None if metadata.all_random else logits.argmax(dim=-1)
+        if metadata.all_greedy:
+            assert greedy is not None
+            return greedy
+        assert metadata.temperature is not None
+        probs = self.compute_probs(logits, metadata)
+        sampled = random_sample(probs, metadata.generators, self.generator)
+        if greedy is None:
+            return sampled
+        return torch.where(metadata.temperature == 0.0, greedy, sampled)
+
+    def compute_probs(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """The distribution random rows draw from: temperature, min_p, top-k, top-p.
+
+        ``logits`` (penalties already applied) is modified in place.
+        """
+        assert metadata.temperature is not None
+        logits = self.apply_temperature(logits, metadata.temperature, metadata.all_random)
+        if metadata.min_p is not None:
+            logits = apply_min_p(logits, metadata.min_p)
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        return logits.softmax(dim=-1)

@@ -1,0 +1,279 @@
+"""Run one scheduled step on the model: build the flat batch, forward, sample.
+
+Upstream counterparts: ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``:
+``_prepare_inputs``, ``execute_model``, ``profile_run``, ``initialize_kv_cache``) and
+the leaner Model Runner V2 in ``vllm/v1/worker/gpu/model_runner.py``.
+
+The model never sees a "batch" in the padded ``[batch, seq]`` sense. Every scheduled
+token of every request is laid end to end in one flat ``[num_tokens]`` tensor; a
+prefill chunk contributes many tokens, a decode one. Side tensors say where each token
+belongs: its position, its KV cache slot, and which sequence it is part of.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from minivllm.attention.backends import get_attn_backend
+from minivllm.config import VllmConfig
+from minivllm.core.sched_output import SchedulerOutput
+from minivllm.distributed.parallel_state import get_tensor_model_parallel_world_size
+from minivllm.forward_context import AttentionMetadata, set_forward_context
+from minivllm.model_executor.loader import get_model
+from minivllm.sample.logprobs import LogprobsLists
+from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
+from minivllm.sample.sampler import Sampler
+from minivllm.sampling_params import SamplingType
+from minivllm.worker.cuda_graph import CUDAGraphRunner
+from minivllm.worker.kv_cache import (
+    KVCacheSpec,
+    allocate_kv_caches,
+    bind_kv_cache,
+    cpu_default_num_blocks,
+    num_blocks_from_memory,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Tokens sampled in one step, aligned with ``SchedulerOutput.sampling_requests()``.
+
+    Attributes:
+        req_ids: The requests that sampled, in batch order.
+        sampled_token_ids: One token per request.
+        logprobs: Row ``i``: raw logprobs of request ``i``'s sampled token and the
+            batch's top-N; None when no request asked for logprobs.
+        prompt_logprobs: request id -> prompt logprobs computed this step.
+    """
+
+    req_ids: list[str]
+    sampled_token_ids: list[int]
+    logprobs: LogprobsLists | None = None
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+
+
+@dataclass
+class ModelInputs:
+    """The flat batch of one step, on the device."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: AttentionMetadata
+    # Index (into the flat token axis) of each sampling request's last token.
+    logits_indices: torch.Tensor
+
+
+class ModelRunner:
+    """Owns the model, its KV cache and the sampler on one device (one TP rank)."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.device = vllm_config.device
+        self.block_size = self.cache_config.block_size
+        self.model = get_model(self.model_config, self.device)
+        self.attn_backend = get_attn_backend(vllm_config.attention_backend, self.device)
+        tp = get_tensor_model_parallel_world_size()
+        self.kv_spec = KVCacheSpec(
+            block_size=self.block_size,
+            num_kv_heads=self.model_config.get_num_kv_heads(tp),
+            head_size=self.model_config.get_head_size(),
+            dtype=self.model_config.dtype,
+            num_layers=self.model_config.get_num_layers(),
+        )
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.cuda_graph_runner: CUDAGraphRunner | None = None
+        engine_gen = torch.Generator(device=self.device)
+        engine_gen.manual_seed(vllm_config.seed)
+        self.sampler = Sampler(engine_gen)
+        # request_id -> that request's seeded generator; lives until the request ends,
+        # so a seeded stream continues where it was after a preemption.
+        self.generators: dict[str, torch.Generator] = {}
+
+    # ---- initialization -------------------------------------------------------------
+
+    def determine_num_blocks(self) -> int:
+        """Size the KV pool: explicit, profiled (CUDA), or the CPU default."""
+        if self.cache_config.num_kv_blocks is not None:
+            return self.cache_config.num_kv_blocks
+        if self.device.type == "cuda":
+            return self._profile_num_blocks()
+        return cpu_default_num_blocks(
+            self.kv_spec,
+            self.cache_config.cpu_kv_cache_space,
+            self.scheduler_config.max_num_seqs,
+            self.model_config.max_model_len,
+        )
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """Forward the largest batch the scheduler can build, with no KV cache.
+
+        This is what makes peak activation memory visible to the profiler; logits for
+        ``max_num_seqs`` rows are computed too, as the sampler would.
+        """
+        num_tokens = self.scheduler_config.max_num_batched_tokens
+        input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        positions = torch.arange(num_tokens, device=self.device) % self.model_config.max_model_len
+        with set_forward_context(None):
+            hidden = self.model(input_ids, positions)
+        rows = min(self.scheduler_config.max_num_seqs, num_tokens)
+        self.model.compute_logits(hidden[:rows]).float().softmax(dim=-1)
+
+    def _profile_num_blocks(self) -> int:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        free_before, total = torch.cuda.mem_get_info(self.device)
+        weights = torch.cuda.memory_allocated(self.device)
+        self.profile_run()
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        free_after, _ = torch.cuda.mem_get_info(self.device)
+        # Memory the process holds outside torch's allocator (CUDA context, NCCL, ...).
+        non_torch = max(0, (total - free_after) - torch.cuda.memory_reserved(self.device))
+        budget = int(total * self.cache_config.gpu_memory_utilization)
+        available = budget - peak - non_torch
+        num_blocks = num_blocks_from_memory(self.kv_spec, available)
+        logger.info(
+            "memory profile: total %.2f GiB, budget %.2f GiB, weights %.2f GiB, "
+            "activation peak %.2f GiB, non-torch %.2f GiB, free before %.2f GiB "
+            "-> KV cache %.2f GiB = %d blocks",
+            total / 2**30,
+            budget / 2**30,
+            weights / 2**30,
+            (peak - weights) / 2**30,
+            non_torch / 2**30,
+            free_before / 2**30,
+            num_blocks * self.kv_spec.block_bytes_all_layers / 2**30,
+            num_blocks,
+        )
+        torch.cuda.empty_cache()
+        return num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the per-layer K/V tensors, bind them, and capture decode graphs."""
+        self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
+        bind_kv_cache(self.model, self.kv_caches, self.attn_backend)
+        if not self.vllm_config.enforce_eager:
+            self.cuda_graph_runner = CUDAGraphRunner(
+                self.model,
+                max_num_seqs=self.scheduler_config.max_num_seqs,
+                max_model_len=self.model_config.max_model_len,
+                block_size=self.block_size,
+                hidden_size=self.model_config.hf_config.hidden_size,
+                dtype=self.model_config.dtype,
+                device=self.device,
+            )
+            self.cuda_graph_runner.capture()
+
+    # ---- one step --------------------------------------------------------------------
+
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> ModelInputs:
+        """Lay every scheduled token end to end and compute its slot and sequence.
+
+        Only the per-request facts are gathered in Python; everything per token is one
+        vectorized numpy expression, since a decode step of 256 requests must cost
+        microseconds here, not milliseconds.
+        """
+        bs = self.block_size
+        scheduled = scheduler_output.scheduled
+        num_reqs = len(scheduled)
+        num_new = np.fromiter((s.num_scheduled_tokens for s in scheduled), np.int64, num_reqs)
+        starts = np.fromiter((s.num_computed_tokens for s in scheduled), np.int64, num_reqs)
+        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+        np.cumsum(num_new, out=query_start_loc[1:])
+        seq_lens = (starts + num_new).astype(np.int32)
+        max_blocks = max(len(s.block_ids) for s in scheduled)
+        block_table = np.zeros((num_reqs, max_blocks), dtype=np.int32)
+        tokens: list[int] = []
+        for i, s in enumerate(scheduled):
+            block_table[i, : len(s.block_ids)] = s.block_ids
+            tokens.extend(s.token_ids)
+        # Which request each token belongs to, and its position within the sequence.
+        req_idx = np.repeat(np.arange(num_reqs), num_new)
+        positions = np.arange(len(tokens)) - np.repeat(query_start_loc[:-1], num_new)
+        positions += np.repeat(starts, num_new)
+        # Address translation, host side: position -> (block id, offset) -> slot.
+        slot_mapping = block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
+        needs_sample = np.fromiter((s.needs_sample for s in scheduled), bool, num_reqs)
+        logits_indices = query_start_loc[1:][needs_sample].astype(np.int64) - 1
+        dev = self.device
+
+        def to_dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(dev, non_blocking=True)
+
+        attn_metadata = AttentionMetadata(
+            slot_mapping=to_dev(slot_mapping),
+            block_table=to_dev(block_table),
+            seq_lens=to_dev(seq_lens),
+            query_start_loc=to_dev(query_start_loc),
+            max_query_len=int(num_new.max()),
+            max_seq_len=int(seq_lens.max()),
+        )
+        return ModelInputs(
+            input_ids=to_dev(np.asarray(tokens, dtype=np.int64)),
+            positions=to_dev(positions),
+            attn_metadata=attn_metadata,
+            logits_indices=to_dev(logits_indices),
+        )
+
+    def _update_generators(self, scheduler_output: SchedulerOutput) -> None:
+        for req_id in scheduler_output.finished_req_ids:
+            self.generators.pop(req_id, None)
+        for s in scheduler_output.scheduled:
+            params = s.request.sampling_params
+            if params.sampling_type == SamplingType.RANDOM_SEED and s.request_id not in (
+                self.generators
+            ):
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed(params.seed)
+                self.generators[s.request_id] = gen
+
+    def _forward(self, inputs: ModelInputs) -> torch.Tensor:
+        """Run the model: replay a captured graph for decode batches, else eagerly."""
+        meta = inputs.attn_metadata
+        graphs = self.cuda_graph_runner
+        if (
+            graphs is not None
+            and meta.max_query_len == 1
+            and graphs.padded_size(meta.num_seqs) is not None
+        ):
+            return graphs.run(inputs.input_ids, inputs.positions, meta)
+        with set_forward_context(meta):
+            return self.model(inputs.input_ids, inputs.positions)
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Forward the scheduled tokens and sample for requests that completed their input."""
+        self._update_generators(scheduler_output)
+        if scheduler_output.is_empty:
+            return ModelRunnerOutput([], [])
+        inputs = self._prepare_inputs(scheduler_output)
+        hidden = self._forward(inputs)
+        prompt_logprobs = compute_prompt_logprobs(
+            hidden, scheduler_output, self.model.compute_logits
+        )
+        sampling = scheduler_output.sampling_requests()
+        if not sampling:
+            return ModelRunnerOutput([], [], None, prompt_logprobs)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        metadata = SamplingMetadata.from_requests(
+            [s.request for s in sampling], self.device, self.generators, logits.shape[-1]
+        )
+        output = self.sampler(logits, metadata)
+        logprobs = output.logprobs_tensors
+        return ModelRunnerOutput(
+            [s.request_id for s in sampling],
+            output.sampled_token_ids.tolist(),
+            None if logprobs is None else logprobs.tolists(),
+            prompt_logprobs,
+        )

@@ -1,0 +1,100 @@
+"""One tensor-parallel rank: its device, its place in the process group, its model runner.
+
+Upstream counterparts: ``vllm/v1/worker/gpu_worker.py`` (``Worker.init_device``,
+``Worker.load_model``, ``Worker.determine_available_memory``,
+``Worker.execute_model``, ``init_worker_distributed_environment``).
+
+A ``Worker`` lives in its own process (started by ``MultiprocExecutor``) and is driven by
+method calls that arrive over a pipe: the same calls, in the same order, reach every
+rank, which is what keeps the ranks' collectives paired up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from minivllm.config import VllmConfig
+from minivllm.distributed.parallel_state import (
+    destroy_distributed_environment,
+    init_distributed_environment,
+)
+from minivllm.executor.step_message import RequestMirror, StepMessage
+from minivllm.worker.kv_cache import KVCacheSpec
+from minivllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+
+
+class Worker:
+    """The per-rank half of tensor parallelism.
+
+    Args:
+        vllm_config: The engine's configuration (the device is made rank-specific here).
+        rank: This process's rank, ``0 .. tensor_parallel_size - 1``.
+        distributed_init_method: The ``tcp://host:port`` rendezvous all ranks share.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, rank: int, distributed_init_method: str) -> None:
+        self.vllm_config = vllm_config
+        self.rank = rank
+        self.distributed_init_method = distributed_init_method
+        self.model_runner: ModelRunner | None = None
+        self.mirror = RequestMirror()
+
+    def init_device(self) -> None:
+        """Pick this rank's device and join the process group (NCCL on CUDA, gloo on CPU).
+
+        Returns once every rank has joined: ``init_process_group`` is a rendezvous.
+        """
+        world = self.vllm_config.parallel_config.tensor_parallel_size
+        device = self.vllm_config.device
+        if device.type == "cuda":
+            # One GPU per rank, by rank (a single node). Set before anything touches
+            # CUDA, so this process's context lives on its own GPU, not on GPU 0.
+            device = torch.device("cuda", self.rank)
+            torch.cuda.set_device(device)
+            backend = "nccl"
+        else:
+            backend = "gloo"
+        # The ranks share the machine's cores: without this each would start one
+        # intra-op thread per core and they would fight over them.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        self.vllm_config = dataclasses.replace(self.vllm_config, device=device)
+        init_distributed_environment(world, self.rank, self.distributed_init_method, backend)
+
+    def load_model(self) -> None:
+        """Build the model runner: the model, with only this rank's weight shards."""
+        self.model_runner = ModelRunner(self.vllm_config)
+
+    def get_kv_spec(self) -> KVCacheSpec:
+        """This rank's KV cache geometry (its share of the KV heads)."""
+        return self._runner().kv_spec
+
+    def determine_num_blocks(self) -> int:
+        """How many KV blocks fit on this rank (the executor takes the minimum)."""
+        return self._runner().determine_num_blocks()
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate this rank's KV cache with the block count all ranks agreed on."""
+        self._runner().initialize_kv_cache(num_blocks)
+
+    def execute_model(self, msg: StepMessage) -> ModelRunnerOutput | None:
+        """Run one step; only rank 0 returns the sampled tokens.
+
+        Every rank samples (identical logits after the all-gather, identical seeded
+        generators), but the engine needs one answer, so the others return None and
+        their pipe carries only a few bytes.
+        """
+        output = self._runner().execute_model(self.mirror.decode(msg))
+        return output if self.rank == 0 else None
+
+    def shutdown(self) -> None:
+        """Release the model and leave the process group."""
+        self.model_runner = None
+        destroy_distributed_environment()
+
+    def _runner(self) -> ModelRunner:
+        if self.model_runner is None:
+            raise RuntimeError(f"rank {self.rank}: load_model() has not run")
+        return self.model_runner

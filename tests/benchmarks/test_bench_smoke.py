@@ -1,0 +1,65 @@
+"""The engine benchmarks run end to end (on the CPU, tiny model, tiny workload).
+
+These are not timings: they keep ``minivllm bench ...`` from rotting between GPU runs
+and check that every result file records its command, versions and figures.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minivllm.benchmarks.roofline import decode_roofline
+from minivllm.benchmarks.workloads import Workload, throughput_workload
+from minivllm.cli import main
+from tests.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    # The published workload draws token ids up to 10000.
+    return str(make_tiny_model("qwen3", tmp_path_factory.mktemp("qwen3"), vocab_size=10240))
+
+
+COMMON = ["--dtype", "float32", "--max-model-len", "128", "--max-num-seqs", "8",
+          "--max-num-batched-tokens", "64"]
+
+
+def test_published_workload_totals() -> None:
+    w = throughput_workload()
+    assert (len(w.prompts), w.num_prompt_tokens, w.num_output_tokens) == (256, 142827, 133966)
+
+
+def test_roofline_counts_every_kv_read() -> None:
+    w = Workload(prompts=[[0] * 3, [0] * 1], output_lens=[2, 3])
+    roof = decode_roofline(w, weight_bytes=10, kv_bytes_per_token=1, copy_bandwidth=1.0)
+    # 3 steps read weights; request 0 reads 4+5 tokens, request 1 reads 2+3+4.
+    assert roof.total_weight_read == 30 and roof.total_kv_read == 18
+    assert roof.max_output_tokens_per_s == pytest.approx(5 / 48)
+
+
+def test_bench_throughput_with_hf_peer(model_dir, tmp_path) -> None:
+    out = tmp_path / "throughput.json"
+    main(["bench", "throughput", "--model", model_dir, "--num-requests", "3",
+          "--input-len-range", "4", "12", "--output-len-range", "2", "5", "--peer", "hf",
+          "--output", str(out), *COMMON])
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("minivllm bench throughput") or "bench" in result["command"]
+    assert {"torch", "transformers", "gpu"} <= set(result)
+    assert result["minivllm"]["output_tokens_per_s"] > 0
+    assert 0 < result["minivllm"]["fraction_of_roofline"]
+    assert result["peers"]["hf_generate"]["output_tokens_per_s"] > 0
+
+
+def test_bench_latency_and_prefix(model_dir, tmp_path) -> None:
+    lat = tmp_path / "latency.json"
+    main(["bench", "latency", "--model", model_dir, "--input-len", "8", "--output-len", "4",
+          "--repeats", "2", "--output", str(lat), *COMMON])
+    assert json.loads(lat.read_text())["median_tpot_ms"] > 0
+    pre = tmp_path / "prefix.json"
+    main(["bench", "prefix", "--model", model_dir, "--num-requests", "3", "--prefix-len", "48",
+          "--suffix-len", "4", "--output-len", "2", "--output", str(pre), *COMMON])
+    result = json.loads(pre.read_text())
+    assert result["caching_on"]["prefix_cache_hit_rate"] > 0.5
+    assert result["caching_off"]["prefix_cache_hit_rate"] == 0
