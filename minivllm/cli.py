@@ -61,7 +61,7 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
         seed=ns.seed_sampling,
         ignore_eos=ns.ignore_eos,
     )
-    prompts = ns.prompts or ["The paged KV cache", "Continuous batching means"]
+    prompts = ns.prompts or ["In the beginning", "And God said"]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     for out in outputs:
         shown = out.prompt if out.prompt is not None else out.prompt_token_ids

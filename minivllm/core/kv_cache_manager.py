@@ -90,6 +90,9 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks, enable_caching, enable_kv_cache_events)
         # request id -> its blocks in token order: its block table, as objects.
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # The same tables as plain ids, grown alongside req_to_blocks: the scheduler reads
+        # them for every request every step, so they must not be rebuilt each time.
+        self.req_to_block_ids: dict[str, list[int]] = {}
         # request id -> how many of its leading blocks are already in the prefix index,
         # so each step hashes-and-indexes only the blocks that just became full.
         self.num_cached_block: dict[str, int] = {}
@@ -162,11 +165,20 @@ class KVCacheManager:
         Raises:
             ValueError: On inconsistent arguments.
         """
-        hits = list(new_computed_blocks or [])
-        self._check_allocate_args(request, num_new_tokens, hits, num_new_computed_tokens)
         req_id = request.request_id
         num_held = len(self.req_to_blocks.get(req_id, ()))
         num_total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        if (
+            not new_computed_blocks
+            and num_new_tokens > 0
+            and num_total_tokens <= num_held * self.block_size
+            and not self._has_blocks_to_cache(request, num_total_tokens)
+        ):
+            # The common decode step: the token lands in a block the request already
+            # holds and completes none. Nothing to allocate, nothing to index.
+            return []
+        hits = list(new_computed_blocks or [])
+        self._check_allocate_args(request, num_new_tokens, hits, num_new_computed_tokens)
         num_new_blocks = max(cdiv(num_total_tokens, self.block_size) - num_held - len(hits), 0)
         # A hit block nobody holds sits in the free queue; touching it takes it out, so it
         # uses up free capacity exactly like a fresh block does.
@@ -175,13 +187,18 @@ class KVCacheManager:
             return None
 
         req_blocks = self.req_to_blocks.setdefault(req_id, [])
+        req_block_ids = self.req_to_block_ids.setdefault(req_id, [])
         if hits:
             self.block_pool.touch(hits, req_id)
             req_blocks.extend(hits)
+            req_block_ids.extend(block.block_id for block in hits)
             # Hits are already in the index; never index them a second time.
             self.num_cached_block[req_id] = len(req_blocks)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks, req_id)
+        new_blocks = (
+            self.block_pool.get_new_blocks(num_new_blocks, req_id) if num_new_blocks else []
+        )
         req_blocks.extend(new_blocks)
+        req_block_ids.extend(block.block_id for block in new_blocks)
 
         if self.enable_caching:
             self.cache_blocks(request, num_total_tokens)
@@ -217,6 +234,13 @@ class KVCacheManager:
                     f"{block.block_id}) no longer holds that prefix; look it up again"
                 )
 
+    def _has_blocks_to_cache(self, request: Request, num_tokens: int) -> bool:
+        """Whether ``cache_blocks(request, num_tokens)`` would index anything."""
+        if not self.enable_caching:
+            return False
+        num_full = min(num_tokens // self.block_size, len(request.block_hashes))
+        return num_full > self.num_cached_block.get(request.request_id, 0)
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Index every full block among the request's first ``num_tokens`` tokens.
 
@@ -227,10 +251,10 @@ class KVCacheManager:
         req_id = request.request_id
         # Keys exist only for full blocks of tokens the request already has; slots
         # reserved beyond request.num_tokens have no content yet and stay unindexed.
+        if not self._has_blocks_to_cache(request, num_tokens):
+            return
         num_full_blocks = min(num_tokens // self.block_size, len(request.block_hashes))
         num_cached_blocks = self.num_cached_block.get(req_id, 0)
-        if num_full_blocks <= num_cached_blocks:
-            return
         self.block_pool.cache_full_blocks(
             request, self.req_to_blocks.get(req_id, []), num_cached_blocks, num_full_blocks
         )
@@ -244,12 +268,17 @@ class KVCacheManager:
         """
         req_id = request.request_id
         blocks = self.req_to_blocks.pop(req_id, [])
+        self.req_to_block_ids.pop(req_id, None)
         self.num_cached_block.pop(req_id, None)
         self.block_pool.free_blocks(reversed(blocks), req_id)
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table: block ids in token order ([] if it holds none)."""
-        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+        """The request's block table: block ids in token order ([] if it holds none).
+
+        The list is the manager's own and only ever grows until the request is freed;
+        read it, don't modify it.
+        """
+        return self.req_to_block_ids.get(request_id, [])
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached prefixes; only possible while no request holds blocks."""

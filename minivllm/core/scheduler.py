@@ -213,7 +213,8 @@ class Scheduler:
             request=request,
             num_scheduled_tokens=num_new,
             num_computed_tokens=request.num_computed_tokens,
-            block_ids=list(self.kv_cache_manager.get_block_ids(request.request_id)),
+            # The manager's live list: it only grows, and the runner reads it this step.
+            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
             is_new=is_new,
             is_resumed=resumed,
             needs_sample=request.num_computed_tokens + num_new >= request.num_tokens,

@@ -230,6 +230,8 @@ class ModelRunner:
         for req_id in scheduler_output.finished_req_ids:
             self.generators.pop(req_id, None)
         for s in scheduler_output.scheduled:
+            if not s.is_new:
+                continue  # a running request already has its generator (if it needs one)
             params = s.request.sampling_params
             if params.sampling_type == SamplingType.RANDOM_SEED and s.request_id not in (
                 self.generators

@@ -1,0 +1,51 @@
+"""The built-in demo model: what ``minivllm generate`` runs when no ``--model`` is given.
+
+A tiny Llama (about 5.5M parameters) trained on the King James Bible, with its own
+byte-level BPE tokenizer, stored as an ordinary Hugging Face folder in ``model/`` and
+installed with the package. It writes recognizable (archaic) English with no download,
+which is all a demo needs: any other supported checkpoint is one ``--model`` away.
+``minivllm.demo.train`` is the script that made it; docs/demo_model.md tells the story.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from minivllm.demo.tokenizer import train_byte_level_tokenizer
+
+__all__ = ["DEMO_MODEL_DIR", "demo_model_path", "train_byte_level_tokenizer"]
+
+# Inside the package, so `pip install` ships it (see package-data in pyproject.toml).
+DEMO_MODEL_DIR = Path(__file__).parent / "model"
+
+# What a Hugging Face folder needs for minivllm and transformers to load it.
+_REQUIRED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+
+
+def demo_model_path() -> Path:
+    """The folder of the packaged demo model.
+
+    Raises:
+        FileNotFoundError: a file of the checkpoint is missing (an install that left out
+            package data); the message names the file and how to rebuild it.
+    """
+    for name in _REQUIRED_FILES:
+        if not (DEMO_MODEL_DIR / name).is_file():
+            raise FileNotFoundError(
+                f"the demo model is incomplete: {DEMO_MODEL_DIR / name} is missing; reinstall "
+                "minivllm, rebuild it with `python -m minivllm.demo.train` (see "
+                "docs/demo_model.md), or pass --model"
+            )
+    return DEMO_MODEL_DIR
+
+
+def _training_text() -> list[str]:
+    """minivllm's own Python source, one file per item: text for test tokenizers."""
+    package = Path(__file__).parent.parent
+    return [p.read_text(encoding="utf-8") for p in sorted(package.rglob("*.py"))]
