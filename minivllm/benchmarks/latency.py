@@ -18,6 +18,8 @@ def add_latency_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile-dir", default=None,
+                        help="also write a torch profiler trace of 8 decode steps here")
 
 
 def _one_request(llm, prompt: list[int], output_len: int) -> tuple[float, float]:
@@ -52,5 +54,22 @@ def run_latency_bench(args: argparse.Namespace) -> dict[str, Any]:
               "cuda_graphs": not args.enforce_eager}
     print(f"batch 1: time to first token {ttft * 1e3:.2f} ms, "
           f"time per output token {tpot * 1e3:.3f} ms", flush=True)
+    if args.profile_dir:
+        result["profile"] = _profile_decode(llm, prompt, Path(args.profile_dir))
     write_json(Path(args.output), result)
     return result
+
+
+def _profile_decode(llm, prompt: list[int], out_dir: Path) -> dict[str, Any]:
+    """Profile 8 batch-1 decode steps (after the prefill step)."""
+    from minivllm import SamplingParams
+    from minivllm.benchmarks.profiling import profile_steps
+
+    engine = llm.llm_engine
+    engine.add_request({"prompt_token_ids": prompt},
+                       SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))
+    engine.step()  # prefill
+    summary = profile_steps(engine, 8, out_dir, "decode_batch1")
+    while engine.has_unfinished_requests():
+        engine.step()
+    return summary
