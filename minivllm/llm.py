@@ -86,9 +86,15 @@ class LLM:
 
     def _run_engine(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
         outputs: list[RequestOutput | None] = [None] * len(order)
-        with tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm) as bar:
-            while self.llm_engine.has_unfinished_requests():
-                for output in self.llm_engine.step():
-                    outputs[order[output.request_id]] = output
-                    bar.update(1)
+        try:
+            with tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm) as bar:
+                while self.llm_engine.has_unfinished_requests():
+                    for output in self.llm_engine.step():
+                        outputs[order[output.request_id]] = output
+                        bar.update(1)
+        except BaseException:
+            # Ctrl-C or an error mid-run: leave no request of this call behind to be
+            # picked up (and mis-attributed) by the next generate().
+            self.llm_engine.abort_request(order)
+            raise
         return [o for o in outputs if o is not None]

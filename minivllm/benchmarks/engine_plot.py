@@ -38,7 +38,8 @@ def plot_engine_results(folder: Path, out: Path) -> None:
         "#3f51b5" if n.startswith("minivllm") else "#ef6c00" for n in names[2:]
     ]
     ax.bar(names, values, color=colors)
-    ax.set_yscale("log")
+    if len(values) > 2:
+        ax.set_yscale("log")  # peers run 10-100x slower: a linear axis would hide them
     ax.set_ylabel("output tokens / s")
     ax.set_title(f"Throughput, {thr['workload']['num_requests']} requests "
                  f"({thr['minivllm']['fraction_of_roofline']:.0%} of roofline)")

@@ -3,13 +3,21 @@
 # Usage (repo root, on the GPU machine): bash minivllm/benchmarks/run_engine_gpu.sh OUTDIR
 set -uo pipefail
 out=${1:-/tmp/minivllm-out}
-mkdir -p "$out"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 NO_MKDOCS_2_WARNING=1
+mkdir -p "$out/prof"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
-timeout 200 python3 -m pytest -q -p no:cacheprovider -x tests/worker tests/engine/test_llm_engine_gpu.py \
-  tests/attention 2>&1 | tail -n 25 | tee "$out/gpu_tests.txt"
-python3 -m minivllm.cli bench latency --output "$out/latency.json" 2>&1 | grep -v Warning | tail -n 5
+timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/model_executor/test_custom_ops.py \
+  tests/worker tests/engine/test_llm_engine_gpu.py > "$out/gpu_tests.txt" 2>&1
+rc=$?
+tail -n 15 "$out/gpu_tests.txt"
+if [ $rc -ne 0 ]; then
+  echo "GPU tests failed: benchmarks fall back to the native (torch) layers"
+  export MINIVLLM_NATIVE_OPS=1
+fi
+python3 -m minivllm.cli bench latency --output "$out/latency.json" --profile-dir "$out/prof" \
+  2>&1 | grep -v Warning | tail -n 3
 python3 -m minivllm.cli bench throughput --peer hf --peer-num-requests 32 \
-  --output "$out/throughput.json" 2>&1 | grep -v Warning | tail -n 8
-python3 -m minivllm.cli bench prefix --output "$out/prefix.json" 2>&1 | grep -v Warning | tail -n 5
+  --output "$out/throughput.json" 2>&1 | grep -v Warning | tail -n 4
+python3 -m minivllm.cli bench prefix --output "$out/prefix.json" 2>&1 | grep -v Warning | tail -n 3
+rm -f "$out/prof/decode_batch1_trace.json"  # large; the summary JSON is kept

@@ -13,6 +13,7 @@ import copy
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,6 +214,24 @@ class LLMEngine:
         request = self.process_inputs(prompt, params)
         self.add_processed_request(request)
         return request.request_id
+
+    def abort_request(self, request_ids: Iterable[str]) -> None:
+        """Stop requests (with every sample of an ``n > 1`` request) and free their blocks.
+
+        Upstream counterpart: ``LLMEngine.abort_request``. Unknown or finished ids are
+        ignored, so it is safe to call with every id of an interrupted ``generate``.
+        """
+        ids = set(request_ids)
+        targets = [
+            rid
+            for rid in self.scheduler.requests
+            if rid in ids or (rid in self._parents and self._parents[rid][0].request_id in ids)
+        ]
+        self.scheduler.finish_requests(targets, RequestStatus.FINISHED_ABORTED)
+        for rid in targets:
+            self._detokenizers.pop(rid, None)
+            self._logprobs.pop(rid, None)
+            self._parents.pop(rid, None)
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running."""

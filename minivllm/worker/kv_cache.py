@@ -20,6 +20,7 @@ from torch import nn
 
 from minivllm.attention.backends import AttentionBackend
 from minivllm.attention.layer import Attention
+from minivllm.core.kv_cache_utils import get_num_blocks, page_size_bytes
 
 _GIB = 1 << 30
 
@@ -37,8 +38,7 @@ class KVCacheSpec:
     @property
     def page_size_bytes(self) -> int:
         """Bytes one block takes in one layer: K and V for ``block_size`` tokens."""
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.block_size * self.num_kv_heads * self.head_size * itemsize
+        return page_size_bytes(self.block_size, self.num_kv_heads, self.head_size, self.dtype)
 
     @property
     def block_bytes_all_layers(self) -> int:
@@ -47,8 +47,8 @@ class KVCacheSpec:
 
 
 def num_blocks_from_memory(spec: KVCacheSpec, available_bytes: int) -> int:
-    """How many blocks fit in ``available_bytes`` (vLLM's ``get_num_blocks``)."""
-    return max(0, available_bytes // spec.block_bytes_all_layers)
+    """How many blocks of ``spec`` fit in ``available_bytes`` (see ``get_num_blocks``)."""
+    return get_num_blocks(available_bytes, spec.page_size_bytes, spec.num_layers)
 
 
 def cpu_default_num_blocks(

@@ -7,6 +7,10 @@ A pre-norm decoder block does ``residual = x + sublayer(norm(x))`` twice per lay
 Passing the residual into the norm (``norm(x, residual)``) lets one call do the add and
 the normalisation and hand back both the normalised activations and the new residual
 stream; on a GPU this is one memory pass instead of two.
+
+``RMSNorm`` is a :class:`~minivllm.model_executor.custom_op.CustomOp`: the torch code
+below is ``forward_native``; on CUDA, ``forward_cuda`` runs the same math as one Triton
+kernel (``triton_layernorm.py``) instead of about ten elementwise kernels.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.weight_utils import default_weight_loader
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(CustomOp):
     """``y = w * x / sqrt(mean(x^2) + eps)``, computed in float32.
 
     Numerics follow Hugging Face's Llama/Qwen ``RMSNorm`` exactly: the statistics and
@@ -42,7 +47,7 @@ class RMSNorm(nn.Module):
         variance = x32.pow(2).mean(dim=-1, keepdim=True)
         return self.weight * (x32 * torch.rsqrt(variance + self.variance_epsilon)).to(x.dtype)
 
-    def forward(
+    def forward_native(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Normalise ``x``; with ``residual``, normalise ``x + residual`` instead.
@@ -57,3 +62,28 @@ class RMSNorm(nn.Module):
         # adds the residual in the model dtype in the decoder layer.
         residual = x + residual
         return self._norm(residual), residual
+
+    def forward_cuda(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``forward_native`` as one Triton kernel; ``residual`` is updated in place.
+
+        Like upstream's ``fused_add_rms_norm``, the new residual stream is written into
+        the ``residual`` tensor passed in (the caller's old stream is consumed), which
+        saves allocating and writing a second tensor per norm.
+        """
+        if x.dtype != self.weight.dtype or (residual is not None and residual.dtype != x.dtype):
+            # forward_native would promote to the wider dtype; the kernel writes x's.
+            return self.forward_native(x, residual)
+        from minivllm.model_executor.layers import triton_layernorm  # Triton is optional
+
+        if residual is None:
+            return triton_layernorm.rms_norm(x, self.weight, self.variance_epsilon)
+        out = triton_layernorm.fused_add_rms_norm(
+            x, residual, self.weight, self.variance_epsilon
+        )
+        return out, residual
+
+    def extra_repr(self) -> str:
+        """Shown by ``print(model)``."""
+        return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"

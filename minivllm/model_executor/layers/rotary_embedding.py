@@ -10,6 +10,11 @@ their distance. The angles depend on the position alone, so ``cos`` and ``sin`` 
 computed once for every position up to ``max_position_embeddings`` and looked up by
 each token's position; the batch can then be a flat list of tokens from many
 sequences at different positions.
+
+``RotaryEmbedding`` is a :class:`~minivllm.model_executor.custom_op.CustomOp`: the torch
+code is ``forward_native``; on CUDA, ``forward_cuda`` rotates q and k in place with one
+Triton launch (``triton_rotary.py``). Llama-3 scaling only changes the cos/sin cache, so
+both paths serve it unchanged.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
+
+from minivllm.model_executor.custom_op import CustomOp
 
 _ROPE_CACHE: dict[tuple[Any, ...], RotaryEmbedding] = {}
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(CustomOp):
     """Neox-style RoPE over flat ``[num_tokens, num_heads * head_size]`` tensors.
 
     Args:
@@ -78,7 +84,7 @@ class RotaryEmbedding(nn.Module):
         rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
         return rotated.view(num_tokens, -1)
 
-    def forward(
+    def forward_native(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``query`` ``[T, H * D]`` and ``key`` ``[T, KVH * D]`` by ``positions`` ``[T]``.
@@ -92,6 +98,21 @@ class RotaryEmbedding(nn.Module):
         cos = cos.unsqueeze(1).to(query.dtype)
         sin = sin.unsqueeze(1).to(query.dtype)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def forward_cuda(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_native`` as one Triton launch for q and k, rotating them in place.
+
+        Returns ``(query, key)`` themselves. In place is safe in the models: q and k are
+        slices of this step's qkv projection output, read by nothing else. The cache
+        stays in its own dtype; the kernel casts each cos/sin to the query's dtype.
+        """
+        from minivllm.model_executor.layers import triton_rotary  # Triton is optional
+
+        return triton_rotary.rotary_embedding(
+            positions, query, key, self.head_size, self.cos_sin_cache
+        )
 
 
 def llama3_scale_inv_freq(

@@ -1,0 +1,430 @@
+"""An opt-in recorder of what the engine did in each step: the ``EngineTracer``.
+
+vLLM exposes the same facts as Prometheus counters and KV-cache events
+(``vllm/v1/metrics/``, ``BlockPool.take_events``) for dashboards; minivllm keeps them per
+step, per request and per block, so that a reader can *see* continuous batching, chunked
+prefill, preemption and prefix caching happen (``trace_plots.py`` draws them).
+
+Usage::
+
+    with trace(llm) as tracer:          # an LLM or an LLMEngine
+        llm.generate(prompts, params)
+    tracer.steps[3].num_prefill_tokens   # what step 3 did
+
+The engine calls :meth:`EngineTracer.record_step` once at the end of every ``step()``
+while a tracer is attached; with none attached it pays one ``is None`` test per step.
+Records hold plain numbers and ids, never tensors or ``Request`` objects, so a trace
+can be kept, saved as JSON and plotted after the engine is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from minivllm.core.block_pool import BlockEvent
+from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput
+
+if TYPE_CHECKING:
+    from minivllm.engine.llm_engine import LLMEngine
+
+
+@dataclass(frozen=True)
+class ScheduledRecord:
+    """One request's share of one step, as the scheduler decided it.
+
+    Attributes:
+        request_id: The request.
+        num_scheduled_tokens: Tokens it ran through the model this step.
+        num_computed_tokens: Tokens whose K/V were cached before the step.
+        num_prompt_tokens: Length of its prompt.
+        is_new: Admitted from the waiting queue this step.
+        is_resumed: Admitted again after a preemption.
+        needs_sample: The step reached the end of its known tokens, so it sampled.
+        num_cached_tokens: Prompt tokens served from the prefix cache when it was last
+            admitted (0 for a request that was not admitted in this step).
+    """
+
+    request_id: str
+    num_scheduled_tokens: int
+    num_computed_tokens: int
+    num_prompt_tokens: int
+    is_new: bool
+    is_resumed: bool
+    needs_sample: bool
+    num_cached_tokens: int
+
+    @property
+    def is_decode(self) -> bool:
+        """True for one token past the prompt: a plain decode step.
+
+        Everything else is prefill work: a prompt chunk, or the recomputation of a
+        preempted request's prompt and outputs.
+        """
+        return self.num_scheduled_tokens == 1 and self.num_computed_tokens >= self.num_prompt_tokens
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens of this share that are prefill (or recompute) work."""
+        return 0 if self.is_decode else self.num_scheduled_tokens
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """1 for a decode, else 0."""
+        return 1 if self.is_decode else 0
+
+
+@dataclass
+class BlockCounts:
+    """What happened to one request's blocks (or to all blocks) in a span of steps.
+
+    Attributes:
+        allocated: Fresh blocks handed to it (``get_new_blocks``).
+        reused: Prefix-cache hits it took (``touch``): blocks it did not have to compute.
+        freed: Blocks it let go (finished, aborted or preempted).
+        cached: Its full blocks newly indexed in the prefix cache.
+        evicted: Cached prefixes its fresh blocks overwrote (lazy eviction).
+    """
+
+    allocated: int = 0
+    reused: int = 0
+    freed: int = 0
+    cached: int = 0
+    evicted: int = 0
+
+    @property
+    def net_held(self) -> int:
+        """Change in block references held: ``allocated + reused - freed``."""
+        return self.allocated + self.reused - self.freed
+
+    def __iadd__(self, other: BlockCounts) -> BlockCounts:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+
+@dataclass(frozen=True)
+class KVSnapshot:
+    """The KV pool at one moment: who holds which blocks, and which hold a cached prefix.
+
+    Reference counts are not stored: a block's ref count is the number of block tables
+    it appears in, so the tables say it all.
+
+    Attributes:
+        num_blocks: Blocks in the pool.
+        block_size: Tokens per block.
+        block_tables: Request id -> its block ids in token order (requests holding any).
+        cached_block_ids: Blocks currently indexed in the prefix cache (held or free).
+        num_free_blocks: Blocks nobody holds, as the pool's free queue counts them.
+    """
+
+    num_blocks: int
+    block_size: int
+    block_tables: dict[str, list[int]]
+    cached_block_ids: frozenset[int]
+    num_free_blocks: int
+
+    def ref_counts(self) -> dict[int, int]:
+        """Block id -> number of requests holding it (held blocks only)."""
+        counts: dict[int, int] = {}
+        for table in self.block_tables.values():
+            for block_id in table:
+                counts[block_id] = counts.get(block_id, 0) + 1
+        return counts
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        """Distinct blocks held by at least one request."""
+        return len(self.ref_counts())
+
+    @property
+    def shared_block_ids(self) -> set[int]:
+        """Blocks held by two or more requests: one prefix, stored once."""
+        return {b for b, n in self.ref_counts().items() if n > 1}
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix (reusable until evicted)."""
+        return len(self.cached_block_ids - self.ref_counts().keys())
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool held by requests (the engine's "KV cache usage")."""
+        return self.num_blocks_in_use / self.num_blocks
+
+
+def snapshot_kv(kv_cache_manager: KVCacheManager) -> KVSnapshot:
+    """Copy the state of ``kv_cache_manager`` that a picture or a check needs."""
+    pool = kv_cache_manager.block_pool
+    return KVSnapshot(
+        num_blocks=kv_cache_manager.num_blocks,
+        block_size=kv_cache_manager.block_size,
+        block_tables={
+            rid: [b.block_id for b in blocks]
+            for rid, blocks in kv_cache_manager.req_to_blocks.items()
+            if blocks
+        },
+        cached_block_ids=frozenset(b.block_id for b in pool.cached_block_hash_to_block.values()),
+        num_free_blocks=kv_cache_manager.num_free_blocks,
+    )
+
+
+def count_block_events(events: list[BlockEvent]) -> dict[str | None, BlockCounts]:
+    """Sum block events per request id.
+
+    The pool records an eviction without a request (it happens inside
+    ``get_new_blocks``, just before the block is handed out); it is charged to the
+    request whose ``allocate`` of the same block follows it. ``reset`` events are not
+    counted. Events with no request id are kept under ``None``.
+    """
+    counts: dict[str | None, BlockCounts] = {}
+    pending_evictions: set[int] = set()
+    for event in events:
+        if event.kind == "evict":
+            pending_evictions.add(event.block_id)
+            continue
+        if event.kind == "reset":
+            continue
+        c = counts.setdefault(event.request_id, BlockCounts())
+        if event.kind == "allocate":
+            c.allocated += 1
+            if event.block_id in pending_evictions:
+                pending_evictions.discard(event.block_id)
+                c.evicted += 1
+        elif event.kind == "touch":
+            c.reused += 1
+        elif event.kind == "free":
+            c.freed += 1
+        elif event.kind == "cache":
+            c.cached += 1
+    if pending_evictions:  # an eviction not followed by an allocation: keep it counted
+        counts.setdefault(None, BlockCounts()).evicted += len(pending_evictions)
+    return counts
+
+
+@dataclass
+class StepRecord:
+    """Everything one engine step did.
+
+    Attributes:
+        step: Index of the step since the tracer was attached (0-based).
+        scheduled: The requests that ran, in batch order.
+        preempted_req_ids: Requests preempted (blocks freed) while building the step.
+        finished_req_ids: Scheduled requests that finished in this step.
+        blocks: Request id -> what happened to its blocks in this step (only requests
+            with block events; ``None`` collects events without a request).
+        kv: The pool after the step (finished requests already freed).
+        events: The raw block events of the step, in order.
+    """
+
+    step: int
+    scheduled: list[ScheduledRecord]
+    preempted_req_ids: list[str]
+    finished_req_ids: list[str]
+    blocks: dict[str | None, BlockCounts]
+    kv: KVSnapshot
+    events: list[BlockEvent] = field(repr=False, default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens in the batch."""
+        return sum(s.num_scheduled_tokens for s in self.scheduled)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prefill (and recompute) tokens in the batch."""
+        return sum(s.num_prefill_tokens for s in self.scheduled)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Decode tokens in the batch (one per decoding request)."""
+        return sum(s.num_decode_tokens for s in self.scheduled)
+
+    @property
+    def block_totals(self) -> BlockCounts:
+        """Block counts of the step summed over requests."""
+        total = BlockCounts()
+        for counts in self.blocks.values():
+            total += counts
+        return total
+
+
+class EngineTracer:
+    """Collects a :class:`StepRecord` per engine step.
+
+    Attach it with :func:`trace` (or :meth:`attach`); it switches on the block pool's
+    event log for as long as it is attached.
+
+    Attributes:
+        steps: The records, one per step, in order.
+        max_num_batched_tokens: The scheduler's token budget (for plots), once attached.
+        max_num_seqs: The scheduler's sequence budget, once attached.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[StepRecord] = []
+        self.max_num_batched_tokens: int | None = None
+        self.max_num_seqs: int | None = None
+        self._enabled_events = False
+
+    # ---- attaching --------------------------------------------------------------------
+
+    def attach(self, engine: LLMEngine) -> None:
+        """Start recording ``engine``'s steps.
+
+        Raises:
+            ValueError: If the engine already has a tracer.
+        """
+        if getattr(engine, "tracer", None) is not None:
+            raise ValueError("this engine already has a tracer attached")
+        pool = engine.kv_cache_manager.block_pool
+        if pool.events is None:
+            # The pool records events into a list when it has one; giving it one is all
+            # that "enable_kv_cache_events" does, so a live engine can be traced.
+            pool.events = []
+            self._enabled_events = True
+        else:
+            pool.take_events()  # drop what happened before we watched
+        self.max_num_batched_tokens = engine.scheduler.max_num_batched_tokens
+        self.max_num_seqs = engine.scheduler.max_num_seqs
+        engine.tracer = self
+
+    def detach(self, engine: LLMEngine) -> None:
+        """Stop recording; the event log goes back off if :meth:`attach` turned it on."""
+        if engine.tracer is self:
+            engine.tracer = None
+        if self._enabled_events:
+            engine.kv_cache_manager.block_pool.events = None
+            self._enabled_events = False
+
+    # ---- recording --------------------------------------------------------------------
+
+    def record_step(
+        self, scheduler_output: SchedulerOutput, kv_cache_manager: KVCacheManager
+    ) -> StepRecord:
+        """Record one step; call it after the step's results were applied.
+
+        Takes the block pool's events since the previous call. Also usable without an
+        engine, with a bare ``Scheduler`` and ``KVCacheManager`` (the notebooks do).
+        """
+        events = kv_cache_manager.take_events()
+        record = StepRecord(
+            step=len(self.steps),
+            scheduled=[_scheduled_record(s) for s in scheduler_output.scheduled],
+            preempted_req_ids=sorted(scheduler_output.preempted_req_ids, key=_id_key),
+            finished_req_ids=[
+                s.request_id for s in scheduler_output.scheduled if s.request.is_finished()
+            ],
+            blocks=count_block_events(events),
+            kv=snapshot_kv(kv_cache_manager),
+            events=events,
+        )
+        self.steps.append(record)
+        return record
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def request_ids(self) -> list[str]:
+        """Every request seen in a batch, in order of first appearance."""
+        seen: dict[str, None] = {}
+        for record in self.steps:
+            for s in record.scheduled:
+                seen.setdefault(s.request_id, None)
+        return list(seen)
+
+    def block_totals(self) -> dict[str | None, BlockCounts]:
+        """Per request: block counts summed over all steps."""
+        totals: dict[str | None, BlockCounts] = {}
+        for record in self.steps:
+            for rid, counts in record.blocks.items():
+                totals.setdefault(rid, BlockCounts())
+                totals[rid] += counts
+        return totals
+
+    def summary(self) -> str:
+        """A few lines that say what the trace contains."""
+        if not self.steps:
+            return "no steps recorded"
+        total = BlockCounts()
+        for record in self.steps:
+            total += record.block_totals
+        prefill = sum(r.num_prefill_tokens for r in self.steps)
+        decode = sum(r.num_decode_tokens for r in self.steps)
+        peak = max(r.kv.num_blocks_in_use for r in self.steps)
+        preemptions = sum(len(r.preempted_req_ids) for r in self.steps)
+        return (
+            f"{len(self.steps)} steps, {len(self.request_ids())} requests: "
+            f"{prefill} prefill + {decode} decode tokens\n"
+            f"blocks: {total.allocated} allocated, {total.reused} reused from the prefix "
+            f"cache, {total.freed} freed, {total.cached} cached, {total.evicted} evicted\n"
+            f"peak {peak} / {self.steps[0].kv.num_blocks} blocks in use, "
+            f"{preemptions} preemptions"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trace as plain JSON-able data (events left out: they are long)."""
+        return {
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "steps": [
+                {
+                    "step": r.step,
+                    "scheduled": [dataclasses.asdict(s) for s in r.scheduled],
+                    "preempted_req_ids": r.preempted_req_ids,
+                    "finished_req_ids": r.finished_req_ids,
+                    "blocks": {
+                        str(rid): dataclasses.asdict(c) for rid, c in r.blocks.items()
+                    },
+                    "block_tables": r.kv.block_tables,
+                    "num_blocks_in_use": r.kv.num_blocks_in_use,
+                    "num_cached_free_blocks": r.kv.num_cached_free_blocks,
+                    "num_blocks": r.kv.num_blocks,
+                }
+                for r in self.steps
+            ],
+        }
+
+
+def _scheduled_record(s: ScheduledRequest) -> ScheduledRecord:
+    return ScheduledRecord(
+        request_id=s.request_id,
+        num_scheduled_tokens=s.num_scheduled_tokens,
+        num_computed_tokens=s.num_computed_tokens,
+        num_prompt_tokens=s.request.num_prompt_tokens,
+        is_new=s.is_new,
+        is_resumed=s.is_resumed,
+        needs_sample=s.needs_sample,
+        num_cached_tokens=s.request.num_cached_tokens if s.is_new else 0,
+    )
+
+
+def _id_key(request_id: str) -> tuple[int, str]:
+    """Sort numeric ids numerically ("2" before "10"), others after, by text."""
+    return (int(request_id), "") if request_id.isdigit() else (1 << 62, request_id)
+
+
+@contextmanager
+def trace(llm_or_engine: Any) -> Iterator[EngineTracer]:
+    """Record every step of an ``LLM`` or ``LLMEngine`` inside the ``with`` block.
+
+    Example::
+
+        with trace(llm) as tracer:
+            llm.generate(prompts, params)
+        print(tracer.summary())
+    """
+    engine = getattr(llm_or_engine, "llm_engine", llm_or_engine)
+    if not hasattr(engine, "kv_cache_manager") or not hasattr(engine, "scheduler"):
+        raise ValueError(
+            f"trace() needs an LLM or an LLMEngine, got {type(llm_or_engine).__name__}"
+        )
+    tracer = EngineTracer()
+    tracer.attach(engine)
+    try:
+        yield tracer
+    finally:
+        tracer.detach(engine)
