@@ -136,7 +136,12 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``minivllm`` console script."""
-    ns = build_parser().parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    ns = build_parser().parse_args(args)
+    if ns.command == "bench":
+        from minivllm.benchmarks.common import set_cli_args
+
+        set_cli_args(args)
     try:
         return int(ns.func(ns) or 0)
     except (ValueError, FileNotFoundError) as exc:

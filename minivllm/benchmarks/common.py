@@ -11,6 +11,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,20 @@ QWEN3_0_6B_SHAPE: dict[str, Any] = dict(
 )
 
 
+_CLI_ARGS: list[str] | None = None
+
+
+def set_cli_args(args: Sequence[str]) -> None:
+    """Record the ``minivllm`` arguments being run (the CLI calls this), so results
+    name the command even when ``main`` is called from Python rather than a shell."""
+    global _CLI_ARGS
+    _CLI_ARGS = list(args)
+
+
 def command_line() -> str:
     """How this process was invoked, as a user would type it."""
+    if _CLI_ARGS is not None:
+        return " ".join(["minivllm", *_CLI_ARGS])
     argv0 = Path(sys.argv[0]).name
     if argv0 in ("minivllm", "__main__.py", "cli.py"):
         return " ".join(["minivllm", *sys.argv[1:]])
