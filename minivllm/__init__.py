@@ -15,6 +15,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from minivllm.logger import configure_root_logger
+
+configure_root_logger()
+
 _EXPORTS = {
     "LLM": "minivllm.llm",
     "SamplingParams": "minivllm.sampling_params",
