@@ -66,3 +66,14 @@ def test_bench_latency_and_prefix(model_dir, tmp_path) -> None:
     result = json.loads(pre.read_text())
     assert result["caching_on"]["prefix_cache_hit_rate"] > 0.5
     assert result["caching_off"]["prefix_cache_hit_rate"] == 0
+
+
+def test_bench_host_splits_the_step(tmp_path) -> None:
+    out = tmp_path / "host.json"
+    main(["bench", "host", "--batch-sizes", "1", "4", "--prompt-len", "20", "--steps", "5",
+          "--output", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 4]
+    for r in rows:
+        parts = r["schedule_ms"] + r["execute_ms"] + r["update_ms"]
+        assert 0 < parts <= r["ms_per_step"] * 1.01
