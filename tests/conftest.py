@@ -6,6 +6,7 @@ set before anything imports triton: that is why this happens at the top of conft
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -13,6 +14,13 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# minivllm's logger prints through its own handler and does not propagate (as vLLM's);
+# pytest's caplog listens on the root logger, so let records reach it under test. The
+# import installs the handler first, so the setting below is the one that stays.
+import minivllm  # noqa: E402,F401
+
+logging.getLogger("minivllm").propagate = True
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,7 +4,8 @@ On a GPU a decode step of a small model takes a few milliseconds, and the CPU wo
 around it (scheduling, building the flat batch, sampling, appending tokens, stop checks)
 is not overlapped with it in minivllm. This benchmark measures that CPU work alone: the
 model's forward pass and logits are replaced by stubs that return ready-made tensors,
-so every remaining microsecond is engine bookkeeping. It runs anywhere, CPU included.
+so every remaining microsecond is engine bookkeeping. It runs anywhere, CPU included,
+with the in-process runner (tensor_parallel_size 1).
 """
 
 from __future__ import annotations

@@ -170,6 +170,7 @@ class KVCacheManager:
         num_total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         if (
             not new_computed_blocks
+            and num_new_computed_tokens == 0
             and num_new_tokens > 0
             and num_total_tokens <= num_held * self.block_size
             and not self._has_blocks_to_cache(request, num_total_tokens)

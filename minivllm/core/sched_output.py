@@ -31,6 +31,9 @@ class ScheduledRequest:
             num_computed_tokens + num_scheduled_tokens - 1``. A snapshot: the scheduler
             advances ``request.num_computed_tokens`` as soon as the step is built.
         block_ids: The request's KV block ids, in order, after this step's allocation.
+            This is the KV cache manager's own list, not a copy (the scheduler builds an
+            output for every running request every step): read it during the step it was
+            scheduled for; later steps may append to it.
         is_new: Admitted from the waiting queue in this step (fresh or resumed).
         is_resumed: Admitted again after a preemption (implies ``is_new``).
         needs_sample: This step reaches the end of the request's known tokens, so the

@@ -308,8 +308,9 @@ class LLMEngine:
         stats.num_steps += 1
         stats.num_generation_tokens += num_sampled
         stats.num_preemptions += len(scheduler_output.preempted_req_ids)
-        in_use = self.kv_cache_manager.num_blocks - self.kv_cache_manager.num_free_blocks
-        stats.peak_blocks_in_use = max(stats.peak_blocks_in_use, in_use)
+        # Measured by the scheduler right after allocation: after update_from_output the
+        # finished requests' blocks are already free and the count would read low.
+        stats.peak_blocks_in_use = self.scheduler.peak_blocks_in_use
         prefix = self.kv_cache_manager.prefix_cache_stats
         stats.prefix_cache_queries, stats.prefix_cache_hits = prefix.queries, prefix.hits
 

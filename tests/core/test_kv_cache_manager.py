@@ -443,3 +443,12 @@ class KVCacheMachine(RuleBasedStateMachine):
 
 KVCacheMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
 TestKVCacheMachine = KVCacheMachine.TestCase
+
+
+def test_fast_path_still_rejects_inconsistent_hit_counts() -> None:
+    """The early return for decode tokens must not skip argument checks."""
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    req = make_request(list(range(6)), "fastpath")
+    run_prefill(kv, req)
+    with pytest.raises(ValueError, match="num_new_computed_tokens"):
+        kv.allocate_slots(req, 1, None, num_new_computed_tokens=4)
