@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
+from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
 
 
@@ -79,22 +80,22 @@ class LLM:
                 )
         # Validate every prompt before queueing any, so a bad one leaves nothing behind.
         requests = [self.llm_engine.process_inputs(p, sp) for p, sp in zip(prompts, params_list)]
-        for request in requests:
-            self.llm_engine.add_processed_request(request)
-        order = {request.request_id: i for i, request in enumerate(requests)}
-        return self._run_engine(order, use_tqdm)
+        return self._run_engine(requests, use_tqdm)
 
-    def _run_engine(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
+    def _run_engine(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
+        order = {request.request_id: i for i, request in enumerate(requests)}
         outputs: list[RequestOutput | None] = [None] * len(order)
         try:
+            for request in requests:
+                self.llm_engine.add_processed_request(request)
             with tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm) as bar:
                 while self.llm_engine.has_unfinished_requests():
                     for output in self.llm_engine.step():
                         outputs[order[output.request_id]] = output
                         bar.update(1)
         except BaseException:
-            # Ctrl-C or an error mid-run: leave no request of this call behind to be
-            # picked up (and mis-attributed) by the next generate().
+            # Ctrl-C or an error while queueing or running: leave no request of this call
+            # behind to be picked up (and mis-attributed) by the next generate().
             self.llm_engine.abort_request(order)
             raise
         return [o for o in outputs if o is not None]
