@@ -23,6 +23,23 @@ import minivllm  # noqa: E402,F401
 logging.getLogger("minivllm").propagate = True
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random-weight Llama with a trained byte-level tokenizer (one per module)."""
+    from tests.tiny_models import add_tiny_tokenizer, make_tiny_model
+
+    path = make_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+    return add_tiny_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    """An ``LLM`` on ``model_dir``: float32 on the CPU, max_model_len 128."""
+    from minivllm import LLM
+
+    return LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=128)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``gpu``-marked tests cleanly when CUDA is absent."""
     if torch.cuda.is_available():

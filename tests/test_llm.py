@@ -5,18 +5,7 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM, RequestOutput, SamplingParams
-from tests.tiny_models import add_tiny_tokenizer, make_tiny_model
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = make_tiny_model("llama", tmp_path_factory.mktemp("llama"))
-    return add_tiny_tokenizer(path)
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=128)
+from tests.tiny_models import make_tiny_model
 
 
 def _assert_nothing_allocated(llm: LLM) -> None:

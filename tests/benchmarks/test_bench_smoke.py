@@ -17,7 +17,7 @@ from tests.tiny_models import make_tiny_model
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def qwen3_dir(tmp_path_factory):
     # The published workload draws token ids up to 10000.
     return str(make_tiny_model("qwen3", tmp_path_factory.mktemp("qwen3"), vocab_size=10240))
 
@@ -39,9 +39,9 @@ def test_roofline_counts_every_kv_read() -> None:
     assert roof.max_output_tokens_per_s == pytest.approx(5 / 48)
 
 
-def test_bench_throughput_with_hf_peer(model_dir, tmp_path) -> None:
+def test_bench_throughput_with_hf_peer(qwen3_dir, tmp_path) -> None:
     out = tmp_path / "throughput.json"
-    main(["bench", "throughput", "--model", model_dir, "--num-requests", "3",
+    main(["bench", "throughput", "--model", qwen3_dir, "--num-requests", "3",
           "--input-len-range", "4", "12", "--output-len-range", "2", "5", "--peer", "hf",
           "--output", str(out), *COMMON])
     result = json.loads(out.read_text())
@@ -52,16 +52,16 @@ def test_bench_throughput_with_hf_peer(model_dir, tmp_path) -> None:
     assert result["peers"]["hf_generate"]["output_tokens_per_s"] > 0
 
 
-def test_bench_latency_and_prefix(model_dir, tmp_path) -> None:
+def test_bench_latency_and_prefix(qwen3_dir, tmp_path) -> None:
     lat = tmp_path / "latency.json"
-    main(["bench", "latency", "--model", model_dir, "--input-len", "8", "--output-len", "4",
+    main(["bench", "latency", "--model", qwen3_dir, "--input-len", "8", "--output-len", "4",
           "--repeats", "2", "--output", str(lat), "--profile-dir", str(tmp_path / "prof"),
           *COMMON])
     result = json.loads(lat.read_text())
     assert result["median_tpot_ms"] > 0
     assert result["profile"]["top"] and (tmp_path / "prof" / "decode_batch1_trace.json").is_file()
     pre = tmp_path / "prefix.json"
-    main(["bench", "prefix", "--model", model_dir, "--num-requests", "3", "--prefix-len", "48",
+    main(["bench", "prefix", "--model", qwen3_dir, "--num-requests", "3", "--prefix-len", "48",
           "--suffix-len", "4", "--output-len", "2", "--output", str(pre), *COMMON])
     result = json.loads(pre.read_text())
     assert result["caching_on"]["prefix_cache_hit_rate"] > 0.5

@@ -15,20 +15,9 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from tests.tiny_models import add_tiny_tokenizer, load_hf_model, make_tiny_model
+from tests.tiny_models import load_hf_model
 
 HF_EOS = 2  # the tiny model's eos_token_id
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = make_tiny_model("llama", tmp_path_factory.mktemp("llama"))
-    return add_tiny_tokenizer(path)
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=128)
 
 
 @pytest.fixture(scope="module")
