@@ -24,7 +24,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
         if f.name == "model":
             continue
         flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
+        if f.type in ("bool", bool, "bool | None"):  # None = "decide automatically"
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
             kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)

@@ -85,12 +85,15 @@ class SchedulerConfig:
         max_num_batched_tokens: Most tokens (prefill and decode together) in one step.
         enable_chunked_prefill: Allow splitting a prompt over several steps.
         max_model_len: Copied from ModelConfig for the scheduler's checks.
+        async_scheduling: Schedule and queue step N+1 while step N runs on the device
+            (the engine keeps one step in flight).
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
     max_model_len: int = 2048
+    async_scheduling: bool = False
 
 
 @dataclass

@@ -93,6 +93,12 @@ class Request:
         self.num_computed_tokens = 0
         # Prompt tokens whose K/V came from the prefix cache when last admitted.
         self.num_cached_tokens = 0
+        # Tokens that scheduled steps will sample but whose values have not come back
+        # yet. Synchronously this is 1 during a step and 0 between steps. With async
+        # scheduling the next step is scheduled while one still runs, so it can reach
+        # 2, and the input token of the next step is a placeholder that the model
+        # runner fills in on the device (vLLM: ``num_output_placeholders``).
+        self.num_output_placeholders = 0
         self.num_preemptions = 0
 
         self.block_hashes: list[BlockHash] = []

@@ -28,6 +28,18 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _reaches_max_tokens(request: Request) -> bool:
+    """Whether the steps already scheduled sample the request's ``max_tokens``-th token.
+
+    Only true with async scheduling (a step still in flight): scheduling another step
+    would compute a token that ``check_stop`` is certain to discard.
+    """
+    return (
+        request.num_output_placeholders > 0
+        and request.num_output_tokens + request.num_output_placeholders >= request.max_tokens
+    )
+
+
 class Scheduler:
     """Decides, step by step, how many tokens of which requests the model runs.
 
@@ -44,6 +56,7 @@ class Scheduler:
         finished_req_ids: Requests finished since the last ``schedule()``.
         num_preemptions: Preemptions since start.
         num_steps: Calls to ``schedule()``.
+        num_generated_tokens: Output tokens appended to requests since start.
         peak_blocks_in_use: Most KV blocks held by requests at once.
     """
 
@@ -79,6 +92,7 @@ class Scheduler:
 
         self.num_preemptions = 0
         self.num_steps = 0
+        self.num_generated_tokens = 0
         self.peak_blocks_in_use = 0
 
     # ------------------------------------------------------------------ admission
@@ -131,13 +145,19 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and budget > 0:
             request = self.running[req_index]
+            if _reaches_max_tokens(request):
+                # Async scheduling: the step in flight samples its last token already.
+                req_index += 1
+                continue
             num_new = min(
-                request.num_tokens - request.num_computed_tokens,  # catch up ...
+                # Catch up with every token, including one still in flight ...
+                request.num_tokens + request.num_output_placeholders
+                - request.num_computed_tokens,
                 budget,  # ... as far as the budget allows (chunked prefill)
                 self.max_model_len - request.num_computed_tokens,  # never past the model
             )
             if num_new <= 0:
-                # Already caught up (its last step's token has not come back yet).
+                # Already caught up, or at max_model_len with its last token in flight.
                 req_index += 1
                 continue
             if not self._allocate_or_preempt(request, num_new, preempted):
@@ -184,6 +204,9 @@ class Scheduler:
         kv = self.kv_cache_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.num_output_placeholders:
+                # Preempted while its last step ran: recompute once that token is known.
+                break
             # Waiting requests hold no blocks and start from 0 (preempted ones too), so the
             # prefix cache may hand back their own blocks if nobody evicted them meanwhile.
             hit_blocks, num_hit = kv.get_computed_blocks(request)
@@ -217,7 +240,8 @@ class Scheduler:
             block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
             is_new=is_new,
             is_resumed=resumed,
-            needs_sample=request.num_computed_tokens + num_new >= request.num_tokens,
+            needs_sample=request.num_computed_tokens + num_new
+            >= request.num_tokens + request.num_output_placeholders,
         )
 
     def _preempt_request(self, request: Request) -> None:
@@ -237,10 +261,14 @@ class Scheduler:
 
         The output already holds the old values, so the runner knows where each
         request's positions start; advancing here means the next ``schedule()`` (e.g. the
-        next chunk of a long prompt) never has to wait for this step's results.
+        next chunk of a long prompt) never has to wait for this step's results. Each
+        request that samples gets a placeholder for its token: with async scheduling
+        the next ``schedule()`` counts it as an input it can already schedule.
         """
         for s in output.scheduled:
             s.request.num_computed_tokens += s.num_scheduled_tokens
+            if s.needs_sample:
+                s.request.num_output_placeholders += 1
         self.num_steps += 1
         kv = self.kv_cache_manager
         self.peak_blocks_in_use = max(self.peak_blocks_in_use, kv.num_blocks - kv.num_free_blocks)
@@ -267,40 +295,45 @@ class Scheduler:
                 (checked before anything is changed).
         """
         due = scheduler_output.sampling_requests()
-        tokens = self._tokens_by_request(due, sampled_token_ids)
+        tokens = self._tokens_in_batch_order(due, sampled_token_ids)
         finished: list[Request] = []
-        for s in due:
+        for s, token in zip(due, tokens):
             request = s.request
+            request.num_output_placeholders -= 1
             if request.is_finished() or self.requests.get(request.request_id) is not request:
-                continue  # aborted while the step ran: drop its token
-            request.append_output_token_ids(tokens[request.request_id])
+                # Finished while the step ran (aborted, or, with async scheduling, it
+                # stopped in the step before): this token is past its end.
+                continue
+            request.append_output_token_ids(token)
+            self.num_generated_tokens += 1
+            # Async scheduling can preempt a request while its last step runs; it then
+            # waits for recompute, and its token still counts.
+            queue = self.running if request.status == RequestStatus.RUNNING else self.waiting
             if check_stop(request, self.max_model_len):
-                self.running.remove(request)
+                queue.remove(request)
                 self._free_request(request)
                 finished.append(request)
         return finished
 
     @staticmethod
-    def _tokens_by_request(
+    def _tokens_in_batch_order(
         due: list[ScheduledRequest], sampled: Mapping[str, int] | Sequence[int]
-    ) -> dict[str, int]:
-        """Normalise the runner's tokens to a dict and check they match ``due``."""
-        due_ids = [s.request_id for s in due]
-        if isinstance(sampled, Mapping):
-            tokens = dict(sampled)
-        else:
-            if len(sampled) != len(due_ids):
+    ) -> Sequence[int]:
+        """The runner's tokens aligned with ``due``, checked to cover exactly ``due``."""
+        if not isinstance(sampled, Mapping):
+            if len(sampled) != len(due):
                 raise ValueError(
-                    f"sampled_token_ids has {len(sampled)} tokens but {len(due_ids)} requests "
+                    f"sampled_token_ids has {len(sampled)} tokens but {len(due)} requests "
                     f"were due to sample"
                 )
-            tokens = dict(zip(due_ids, sampled, strict=True))
-        if set(tokens) != set(due_ids):
+            return sampled
+        due_ids = [s.request_id for s in due]
+        if set(sampled) != set(due_ids):
             raise ValueError(
-                f"sampled_token_ids covers requests {sorted(tokens)} but the requests due "
+                f"sampled_token_ids covers requests {sorted(sampled)} but the requests due "
                 f"to sample are {sorted(due_ids)}"
             )
-        return tokens
+        return [sampled[rid] for rid in due_ids]
 
     def finish_requests(
         self, request_ids: str | Iterable[str], status: RequestStatus

@@ -60,6 +60,9 @@ class EngineArgs:
         seed: Seed of the engine's random generator (unseeded requests draw from it).
         tensor_parallel_size: Number of processes the model is split across.
         enforce_eager: Disable CUDA graphs.
+        async_scheduling: Overlap the host's work for the next step with the device's
+            work on the current one. None (the default) turns it on wherever it is
+            supported: with ``tensor_parallel_size`` 1.
     """
 
     model: str
@@ -79,6 +82,7 @@ class EngineArgs:
     seed: int = 0
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
+    async_scheduling: bool | None = None
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -128,6 +132,7 @@ class EngineArgs:
                 max_num_batched_tokens=max_batched,
                 enable_chunked_prefill=self.enable_chunked_prefill,
                 max_model_len=max_model_len,
+                async_scheduling=self._resolve_async_scheduling(),
             ),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
             device=device,
@@ -165,6 +170,18 @@ class EngineArgs:
             )
         if self.cpu_kv_cache_space <= 0:
             raise ValueError(f"cpu_kv_cache_space must be positive, got {self.cpu_kv_cache_space}")
+
+    def _resolve_async_scheduling(self) -> bool:
+        if self.async_scheduling is None:
+            return self.tensor_parallel_size == 1
+        if self.async_scheduling and self.tensor_parallel_size > 1:
+            # The worker processes answer each step before taking the next, so there is
+            # nothing to overlap, and their mirrored requests never see placeholders.
+            raise ValueError(
+                "async_scheduling=True needs tensor_parallel_size=1 (got "
+                f"{self.tensor_parallel_size}); leave it None to pick automatically"
+            )
+        return bool(self.async_scheduling)
 
     def _resolve_device(self) -> torch.device:
         if self.device == "cuda" and not torch.cuda.is_available():

@@ -20,6 +20,7 @@ from typing import Any
 from minivllm.config import VllmConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_cache_utils import get_request_block_hasher
+from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.scheduler import Scheduler
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
@@ -29,6 +30,7 @@ from minivllm.executor.abstract import Executor
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
+from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -95,6 +97,10 @@ class LLMEngine:
         # child request id -> (its parent, its index), for n > 1 requests.
         self._parents: dict[str, tuple[ParentRequest, int]] = {}
         self.stats = EngineStats(num_kv_blocks=num_blocks)
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
+        # With async scheduling: the step queued on the device whose tokens have not
+        # been processed yet, as (its scheduler output, its output handle).
+        self._in_flight: tuple[SchedulerOutput, AsyncOutput] | None = None
         # Set by minivllm.engine.tracer.trace(): records every step when not None.
         self.tracer: Any = None
         logger.info(
@@ -232,6 +238,8 @@ class LLMEngine:
             self._detokenizers.pop(rid, None)
             self._logprobs.pop(rid, None)
             self._parents.pop(rid, None)
+        if not self.scheduler.has_unfinished_requests():
+            self._drain()  # its tokens all belong to aborted requests: nothing to return
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running."""
@@ -240,15 +248,50 @@ class LLMEngine:
     # ---- the loop ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; return the outputs of requests that finished in it."""
+        """Run one step; return the outputs of requests that finished in it.
+
+        Synchronously a step is schedule -> execute -> update. With async scheduling
+        (vLLM's ``step_with_batch_queue`` with a queue of two) the engine keeps one step
+        in flight: it schedules and queues step N+1 while the device still runs step N,
+        then waits for step N's tokens and processes them while the device runs N+1.
+        The host's work hides behind the device's instead of adding to it. The price:
+        a request that stops in step N (EOS, stop token or string) has already been
+        scheduled for N+1, and that one token is computed and dropped.
+        """
+        outputs: list[RequestOutput] = []
+        if not self.async_scheduling or self.tracer is not None:
+            # The tracer pictures the KV cache as each step left it, so it runs in step.
+            outputs += self._drain()
+            scheduler_output = self.scheduler.schedule()
+            handle = self.model_executor.execute_model_async(scheduler_output)
+            return outputs + self._process_step(scheduler_output, handle)
         scheduler_output = self.scheduler.schedule()
-        runner_output = self.model_executor.execute_model(scheduler_output)
+        handle = self.model_executor.execute_model_async(scheduler_output)
+        previous, self._in_flight = self._in_flight, (scheduler_output, handle)
+        if previous is not None:
+            outputs += self._process_step(*previous)
+        if not self.scheduler.has_unfinished_requests():
+            # Everything finished: the step in flight only computed tokens past the end.
+            outputs += self._drain()
+        return outputs
+
+    def _drain(self) -> list[RequestOutput]:
+        """Wait for the step in flight, if any, and process it."""
+        if self._in_flight is None:
+            return []
+        (scheduler_output, handle), self._in_flight = self._in_flight, None
+        return self._process_step(scheduler_output, handle)
+
+    def _process_step(self, scheduler_output: SchedulerOutput, handle: AsyncOutput) -> list:
+        """Wait for a step's tokens, then append them, apply the stop rules, and return
+        the outputs of the requests that finished."""
+        runner_output = handle.get_output()
         finished = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids
         )
         self._update_logprobs(scheduler_output, runner_output)
         finished += self._apply_stop_strings(scheduler_output, finished)
-        self._record_step(scheduler_output, len(runner_output.sampled_token_ids))
+        self._record_step(scheduler_output)
         if self.tracer is not None:
             self.tracer.record_step(scheduler_output, self.kv_cache_manager)
         outputs = (self._make_output(r) for r in finished)
@@ -303,10 +346,11 @@ class LLMEngine:
                 stopped.append(request)
         return stopped
 
-    def _record_step(self, scheduler_output: Any, num_sampled: int) -> None:
+    def _record_step(self, scheduler_output: Any) -> None:
         stats = self.stats
-        stats.num_steps += 1
-        stats.num_generation_tokens += num_sampled
+        stats.num_steps += not scheduler_output.is_empty
+        # Tokens kept, not sampled: async scheduling drops those past a request's end.
+        stats.num_generation_tokens = self.scheduler.num_generated_tokens
         stats.num_preemptions += len(scheduler_output.preempted_req_ids)
         # Measured by the scheduler right after allocation: after update_from_output the
         # finished requests' blocks are already free and the count would read low.

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
+from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.kv_cache import KVCacheSpec
 from minivllm.worker.model_runner import ModelRunner, ModelRunnerOutput
 
@@ -53,6 +54,14 @@ class Executor(ABC):
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one scheduled step on every rank; return the sampled tokens."""
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncOutput:
+        """Queue one step and return a handle to its output.
+
+        This default runs the step to completion first (the handle is already done);
+        the in-process executor overrides it to return while the GPU still works.
+        """
+        return AsyncOutput(self.execute_model(scheduler_output), None)
 
     def shutdown(self) -> None:  # noqa: B027 (nothing to release in one process)
         """Release the workers (idempotent)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.executor.abstract import Executor
+from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.model_runner import ModelRunner, ModelRunnerOutput
 
 
@@ -32,3 +33,7 @@ class UniProcExecutor(Executor):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step in this process."""
         return self.model_runner.execute_model(scheduler_output)
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncOutput:
+        """Queue the step on this process's device and return before it finishes."""
+        return self.model_runner.execute_model_async(scheduler_output)

@@ -16,6 +16,7 @@ import torch
 
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingType
+from minivllm.worker.async_utils import copy_to_device
 
 
 @dataclass
@@ -71,6 +72,7 @@ class SamplingMetadata:
         device: torch.device,
         generators: dict[str, torch.Generator],
         vocab_size: int,
+        in_flight_tokens: dict[str, int] | None = None,
     ) -> SamplingMetadata:
         """Gather the settings of ``requests`` (one logits row each, in order).
 
@@ -80,29 +82,33 @@ class SamplingMetadata:
             generators: request_id -> generator for seeded requests (owned by the runner
                 so that a request's random stream survives across steps and preemption).
             vocab_size: Width of the logits (pad id for token tensors, "off" for top-k).
+            in_flight_tokens: request id -> its latest output token, sampled by the
+                previous step but not yet appended to the request (async scheduling).
+                Needed when ``needs_output_tokens(requests)``.
         """
+        in_flight = in_flight_tokens or {}
         params = [r.sampling_params for r in requests]
         temps = [p.temperature for p in params]
         all_greedy = all(t == 0.0 for t in temps)
         all_random = all(t != 0.0 for t in temps)
 
-        def to_dev(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+        def to_dev(values: list, dtype: type) -> torch.Tensor:
+            return copy_to_device([np.asarray(values, dtype)], dtype, device)[0]
 
         md = cls(
-            temperature=None if all_greedy else to_dev(temps, torch.float32),
+            temperature=None if all_greedy else to_dev(temps, np.float32),
             all_greedy=all_greedy,
             all_random=all_random,
         )
         if not all_greedy:
             # Filters only matter for random rows; greedy params already carry "off".
             if any(p.top_p < 1.0 for p in params):
-                md.top_p = to_dev([p.top_p for p in params], torch.float32)
+                md.top_p = to_dev([p.top_p for p in params], np.float32)
             if any(p.top_k > 0 for p in params):
                 ks = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
-                md.top_k = to_dev(ks, torch.int64)
+                md.top_k = to_dev(ks, np.int64)
             if any(p.min_p > 0.0 for p in params):
-                md.min_p = to_dev([p.min_p for p in params], torch.float32)
+                md.min_p = to_dev([p.min_p for p in params], np.float32)
             md.generators = {
                 i: generators[r.request_id]
                 for i, r in enumerate(requests)
@@ -115,13 +121,27 @@ class SamplingMetadata:
                 [r.prompt_token_ids for r in requests], vocab_size, device
             )
             md.output_token_ids = to_dev_padded(
-                [r.output_token_ids for r in requests], vocab_size, device
+                [_output_ids(r, in_flight) for r in requests], vocab_size, device
             )
-            md.presence_penalties = to_dev([p.presence_penalty for p in params], torch.float32)
-            md.frequency_penalties = to_dev([p.frequency_penalty for p in params], torch.float32)
-            md.repetition_penalties = to_dev([p.repetition_penalty for p in params], torch.float32)
-        _add_min_tokens(md, requests, device, vocab_size)
+            md.presence_penalties = to_dev([p.presence_penalty for p in params], np.float32)
+            md.frequency_penalties = to_dev([p.frequency_penalty for p in params], np.float32)
+            md.repetition_penalties = to_dev([p.repetition_penalty for p in params], np.float32)
+        _add_min_tokens(md, requests, device, vocab_size, in_flight)
         return md
+
+    @staticmethod
+    def needs_output_tokens(requests: list[Request]) -> bool:
+        """Whether any row's sampling depends on its output tokens so far (penalties
+        read them, min_tokens counts them)."""
+        return any(
+            _uses_penalties(r.sampling_params) or r.sampling_params.min_tokens > 0
+            for r in requests
+        )
+
+
+def _output_ids(request: Request, in_flight: dict[str, int]) -> list[int]:
+    token = in_flight.get(request.request_id)
+    return request.output_token_ids if token is None else [*request.output_token_ids, token]
 
 
 def _uses_penalties(params) -> bool:
@@ -141,22 +161,27 @@ def to_dev_padded(rows: list[list[int]], pad: int, device: torch.device) -> torc
     out = np.full((len(rows), max(1, max(map(len, rows)))), pad, dtype=np.int64)
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
-    return torch.from_numpy(out).to(device, non_blocking=True)
+    return copy_to_device([out], np.int64, device)[0]
 
 
 def _add_min_tokens(
-    md: SamplingMetadata, requests: list[Request], device: torch.device, vocab_size: int
+    md: SamplingMetadata,
+    requests: list[Request],
+    device: torch.device,
+    vocab_size: int,
+    in_flight: dict[str, int],
 ) -> None:
     """Fill the (row, token) pairs that min_tokens forbids this step."""
     rows: list[int] = []
     token_ids: list[int] = []
     for i, r in enumerate(requests):
         p = r.sampling_params
-        if r.num_output_tokens < p.min_tokens:
+        if r.num_output_tokens + (r.request_id in in_flight) < p.min_tokens:
             # An id outside the vocabulary can never be sampled, so it needs no mask.
             stop_ids = sorted(t for t in p.min_tokens_stop_ids if 0 <= t < vocab_size)
             rows += [i] * len(stop_ids)
             token_ids += stop_ids
     if rows:
-        md.min_tokens_rows = torch.tensor(rows, dtype=torch.int64).to(device)
-        md.min_tokens_token_ids = torch.tensor(token_ids, dtype=torch.int64).to(device)
+        md.min_tokens_rows, md.min_tokens_token_ids = copy_to_device(
+            [np.asarray(rows), np.asarray(token_ids)], np.int64, device
+        )

@@ -24,11 +24,13 @@ from minivllm.core.sched_output import SchedulerOutput
 from minivllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.model_executor.loader import get_model
+from minivllm.request import Request
 from minivllm.sample.logprobs import LogprobsLists
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingType
+from minivllm.worker.async_utils import AsyncOutput, copy_to_device
 from minivllm.worker.cuda_graph import CUDAGraphRunner
 from minivllm.worker.kv_cache import (
     KVCacheSpec,
@@ -68,6 +70,8 @@ class ModelInputs:
     attn_metadata: AttentionMetadata
     # Index (into the flat token axis) of each sampling request's last token.
     logits_indices: torch.Tensor
+    # Requests whose last input token is a placeholder for the step still in flight.
+    placeholder_req_ids: list[str] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -98,6 +102,12 @@ class ModelRunner:
         # request_id -> that request's seeded generator; lives until the request ends,
         # so a seeded stream continues where it was after a preemption.
         self.generators: dict[str, torch.Generator] = {}
+        # The previous step's sampled ids, kept on the device: with async scheduling the
+        # next step is prepared before they reach the host, and its input ids for those
+        # requests are filled in from here (request id -> row of the tensor).
+        self._prev_output: AsyncOutput | None = None
+        self._prev_sampled: torch.Tensor | None = None
+        self._prev_rows: dict[str, int] = {}
 
     # ---- initialization -------------------------------------------------------------
 
@@ -182,7 +192,8 @@ class ModelRunner:
 
         Only the per-request facts are gathered in Python; everything per token is one
         vectorized numpy expression, since a decode step of 256 requests must cost
-        microseconds here, not milliseconds.
+        microseconds here, not milliseconds. Everything then travels to the device in
+        two copies (one per integer width) that never make the host wait.
         """
         bs = self.block_size
         scheduled = scheduler_output.scheduled
@@ -195,9 +206,15 @@ class ModelRunner:
         max_blocks = max(len(s.block_ids) for s in scheduled)
         block_table = np.zeros((num_reqs, max_blocks), dtype=np.int32)
         tokens: list[int] = []
+        placeholders: list[tuple[int, str]] = []  # (flat index, request id)
         for i, s in enumerate(scheduled):
             block_table[i, : len(s.block_ids)] = s.block_ids
-            tokens.extend(s.token_ids)
+            known = s.token_ids
+            tokens.extend(known)
+            if len(known) < s.num_scheduled_tokens:
+                # Async scheduling: the last input is the token the step in flight samples.
+                placeholders.append((len(tokens), s.request_id))
+                tokens.append(0)
         # Which request each token belongs to, and its position within the sequence.
         req_idx = np.repeat(np.arange(num_reqs), num_new)
         positions = np.arange(len(tokens)) - np.repeat(query_start_loc[:-1], num_new)
@@ -206,25 +223,47 @@ class ModelRunner:
         slot_mapping = block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
         needs_sample = np.fromiter((s.needs_sample for s in scheduled), bool, num_reqs)
         logits_indices = query_start_loc[1:][needs_sample].astype(np.int64) - 1
-        dev = self.device
-
-        def to_dev(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(dev, non_blocking=True)
-
+        fill_dst, fill_src = self._placeholder_sources(placeholders)
+        input_ids, positions_d, slots, logits_idx, dst, src = copy_to_device(
+            [np.asarray(tokens, np.int64), positions, slot_mapping, logits_indices, fill_dst,
+             fill_src], np.int64, self.device)
+        table, seq_lens_d, qsl = copy_to_device(
+            [block_table, seq_lens, query_start_loc], np.int32, self.device)
+        if placeholders:
+            # Queued behind the previous step on the same stream: it reads the ids
+            # after they are written, and the host never waits for them.
+            input_ids[dst] = self._prev_sampled[src]
         attn_metadata = AttentionMetadata(
-            slot_mapping=to_dev(slot_mapping),
-            block_table=to_dev(block_table),
-            seq_lens=to_dev(seq_lens),
-            query_start_loc=to_dev(query_start_loc),
+            slot_mapping=slots,
+            block_table=table,
+            seq_lens=seq_lens_d,
+            query_start_loc=qsl,
             max_query_len=int(num_new.max()),
             max_seq_len=int(seq_lens.max()),
         )
         return ModelInputs(
-            input_ids=to_dev(np.asarray(tokens, dtype=np.int64)),
-            positions=to_dev(positions),
+            input_ids=input_ids,
+            positions=positions_d,
             attn_metadata=attn_metadata,
-            logits_indices=to_dev(logits_indices),
+            logits_indices=logits_idx,
+            placeholder_req_ids=[rid for _, rid in placeholders],
         )
+
+    def _placeholder_sources(
+        self, placeholders: list[tuple[int, str]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For each placeholder: its index in the flat batch, and the row of the previous
+        step's sampled ids that holds its value."""
+        missing = [rid for _, rid in placeholders if rid not in self._prev_rows]
+        if placeholders and (missing or self._prev_sampled is None):
+            raise RuntimeError(
+                f"requests {missing} have an input token in flight, but the previous step "
+                f"did not sample for them"
+            )
+        n = len(placeholders)
+        dst = np.fromiter((i for i, _ in placeholders), np.int64, n)
+        src = np.fromiter((self._prev_rows[rid] for _, rid in placeholders), np.int64, n)
+        return dst, src
 
     def _update_generators(self, scheduler_output: SchedulerOutput) -> None:
         for req_id in scheduler_output.finished_req_ids:
@@ -253,29 +292,52 @@ class ModelRunner:
         with set_forward_context(meta):
             return self.model(inputs.input_ids, inputs.positions)
 
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Forward the scheduled tokens and sample for requests that completed their input."""
+        """Run one step and wait for its sampled tokens."""
+        return self.execute_model_async(scheduler_output).get_output()
+
+    @torch.inference_mode()
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncOutput:
+        """Queue one step on the device: forward, then sample for requests that completed
+        their input. Returns before the device is done; ``get_output()`` waits for it."""
         self._update_generators(scheduler_output)
         if scheduler_output.is_empty:
-            return ModelRunnerOutput([], [])
+            return AsyncOutput(ModelRunnerOutput([], []), None)
         inputs = self._prepare_inputs(scheduler_output)
         hidden = self._forward(inputs)
         prompt_logprobs = compute_prompt_logprobs(
             hidden, scheduler_output, self.model.compute_logits
         )
         sampling = scheduler_output.sampling_requests()
+        output = ModelRunnerOutput([s.request_id for s in sampling], [], None, prompt_logprobs)
         if not sampling:
-            return ModelRunnerOutput([], [], None, prompt_logprobs)
+            return AsyncOutput(output, None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        requests = [s.request for s in sampling]
         metadata = SamplingMetadata.from_requests(
-            [s.request for s in sampling], self.device, self.generators, logits.shape[-1]
+            requests,
+            self.device,
+            self.generators,
+            logits.shape[-1],
+            self._in_flight_tokens(requests, inputs.placeholder_req_ids),
         )
-        output = self.sampler(logits, metadata)
-        logprobs = output.logprobs_tensors
-        return ModelRunnerOutput(
-            [s.request_id for s in sampling],
-            output.sampled_token_ids.tolist(),
-            None if logprobs is None else logprobs.tolists(),
-            prompt_logprobs,
-        )
+        sampler_output = self.sampler(logits, metadata)
+        sampled = sampler_output.sampled_token_ids
+        self._prev_sampled = sampled
+        self._prev_rows = {rid: i for i, rid in enumerate(output.req_ids)}
+        self._prev_output = AsyncOutput(output, sampled, sampler_output.logprobs_tensors)
+        return self._prev_output
+
+    def _in_flight_tokens(self, requests: list[Request], placeholder_ids: list[str]) -> dict:
+        """The values of this step's placeholder tokens, when sampling needs them on the host.
+
+        Penalties count every output token and min_tokens counts how many there are, so
+        for those (rare) batches the host waits here for the previous step, but only
+        after this step's forward pass is queued, so the device stays busy meanwhile.
+        """
+        if not placeholder_ids or not SamplingMetadata.needs_output_tokens(requests):
+            return {}
+        assert self._prev_output is not None
+        prev = self._prev_output.get_output()
+        row = {rid: i for i, rid in enumerate(prev.req_ids)}
+        return {rid: prev.sampled_token_ids[row[rid]] for rid in placeholder_ids}

@@ -399,6 +399,80 @@ def test_update_from_output_checks_the_tokens_before_changing_anything():
     assert (a.output_token_ids, b.output_token_ids) == ([11], [12])
 
 
+# --------------------------------------------------------------------------- async
+
+
+def test_async_schedules_the_next_decode_before_its_input_token_is_known():
+    sched = make_scheduler()
+    a = add(sched, "a", 5, max_tokens=3)
+    first = sched.schedule()  # the prefill, which samples
+    assert a.num_output_placeholders == 1
+    second = sched.schedule()  # scheduled ahead: its input is the token in flight
+    (s,) = second.scheduled
+    assert (s.num_computed_tokens, s.num_scheduled_tokens, s.needs_sample) == (5, 1, True)
+    assert s.token_ids == []  # not known on the host yet: the runner fills it on the device
+    assert a.num_output_placeholders == 2
+    sched.update_from_output(first, {"a": 7})
+    assert a.output_token_ids == [7] and a.num_output_placeholders == 1
+    assert s.token_ids == [7]
+
+
+def test_async_does_not_schedule_a_step_past_max_tokens():
+    sched = make_scheduler()
+    a = add(sched, "a", 5, max_tokens=2)
+    first, second = sched.schedule(), sched.schedule()
+    # Two tokens are in flight, as many as max_tokens: a third step would be wasted.
+    assert sched.schedule().is_empty
+    sched.update_from_output(first, {"a": 7})
+    assert sched.update_from_output(second, {"a": 8}) == [a]
+    assert a.output_token_ids == [7, 8] and a.get_finished_reason() == "length"
+
+
+def test_async_drops_the_token_of_a_step_scheduled_after_the_request_stopped():
+    sched = make_scheduler()
+    a = add(sched, "a", 5, max_tokens=10, eos=0)
+    first, second = sched.schedule(), sched.schedule()
+    assert sched.update_from_output(first, {"a": 0}) == [a]  # EOS
+    assert sched.kv_cache_manager.num_free_blocks == sched.kv_cache_manager.num_blocks
+    assert sched.update_from_output(second, {"a": 9}) == []
+    assert a.output_token_ids == [0] and sched.num_generated_tokens == 1
+
+
+def _preempt_with_a_token_in_flight(c_max_tokens: int) -> tuple[Scheduler, SchedulerOutput]:
+    """Three prefills fill a 6-block pool; the step scheduled ahead of their tokens needs
+    a 3rd block for each, so it preempts c, whose first token is still in flight."""
+    sched = make_scheduler(num_blocks=6, block_size=4, max_num_batched_tokens=64)
+    for rid in "ab":
+        add(sched, rid, 8, max_tokens=6)
+    add(sched, "c", 8, max_tokens=c_max_tokens)
+    prefill = sched.schedule()
+    ahead = sched.schedule()
+    assert ahead.preempted_req_ids == {"c"} and ahead.req_ids == ["a", "b"]
+    return sched, prefill
+
+
+def test_async_preempted_request_keeps_the_token_of_its_step_in_flight():
+    sched, prefill = _preempt_with_a_token_in_flight(c_max_tokens=6)
+    c = sched.requests["c"]
+    assert c.status == RequestStatus.PREEMPTED and c.num_output_placeholders == 1
+    # Even with room to spare, c is not readmitted before its token is known.
+    sched.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    assert sched.schedule().is_empty and list(sched.waiting) == [c]
+    sched.update_from_output(prefill, {"a": 5, "b": 5, "c": 6})
+    assert c.output_token_ids == [6] and c.num_output_placeholders == 0
+    (s,) = sched.schedule().scheduled  # now it recomputes, its token included
+    assert s.is_resumed and s.num_scheduled_tokens == 9 and s.token_ids[-1] == 6
+
+
+def test_async_preempted_request_can_finish_from_the_waiting_queue():
+    sched, prefill = _preempt_with_a_token_in_flight(c_max_tokens=1)
+    c = sched.requests["c"]
+    finished = sched.update_from_output(prefill, {"a": 5, "b": 5, "c": 6})
+    assert finished == [c] and c.get_finished_reason() == "length"
+    assert not sched.waiting and "c" not in sched.requests
+    assert_pool_consistent(sched)
+
+
 def test_stats_track_preemptions_and_peak_usage():
     sched, _ = _fill_pool_then_grow()
     step(sched)
@@ -453,8 +527,16 @@ def workloads(draw) -> Workload:
     )
 
 
-def run_workload(w: Workload, big: bool = False) -> tuple[Scheduler, dict[str, list[int]]]:
-    """Run to completion, checking the invariants after every step."""
+def run_workload(
+    w: Workload, big: bool = False, async_scheduling: bool = False
+) -> tuple[Scheduler, dict[str, list[int]]]:
+    """Run to completion, checking the invariants after every step.
+
+    With ``async_scheduling`` the loop is the engine's: step N+1 is scheduled before step
+    N's tokens come back. The fake model reads its context when the step's tokens are
+    handed back, which is when a real device would have read it: after every earlier
+    step's token was written.
+    """
     sched = make_scheduler(
         num_blocks=1024 if big else w.num_blocks,
         block_size=w.block_size,
@@ -465,6 +547,7 @@ def run_workload(w: Workload, big: bool = False) -> tuple[Scheduler, dict[str, l
         enable_caching=w.caching,
     )
     reqs: dict[str, Request] = {}
+    in_flight: SchedulerOutput | None = None
     for step_no in range(2000):
         for i, (arrival, prompt, max_tokens) in enumerate(w.requests):
             if arrival == step_no:
@@ -472,8 +555,11 @@ def run_workload(w: Workload, big: bool = False) -> tuple[Scheduler, dict[str, l
         if step_no > max(a for a, _, _ in w.requests) and not sched.has_unfinished_requests():
             break
         pending = sched.has_unfinished_requests()
-        out, _ = step(sched)
-        assert out.is_empty != pending, "no progress while requests are pending"
+        out = sched.schedule()
+        if not async_scheduling:
+            assert out.is_empty != pending, "no progress while requests are pending"
+        elif out.is_empty and pending:
+            assert in_flight is not None, "no progress while requests are pending"
         assert out.total_num_scheduled_tokens <= sched.max_num_batched_tokens
         assert out.total_num_scheduled_tokens == sum(out.num_scheduled_tokens.values())
         assert len(out.scheduled) <= sched.max_num_seqs
@@ -482,10 +568,17 @@ def run_workload(w: Workload, big: bool = False) -> tuple[Scheduler, dict[str, l
         if out.preempted_req_ids:  # a step that preempts admits nobody
             assert not out.new_req_ids
         assert not set(out.req_ids) & out.preempted_req_ids
+        if async_scheduling:
+            out, in_flight = in_flight, out
+        if out is not None:
+            tokens = {s.request_id: fake_next_token(s.request) for s in out.sampling_requests()}
+            sched.update_from_output(out, tokens)
         assert_pool_consistent(sched)
     else:
         pytest.fail("the workload did not finish")
-    assert all(r.is_finished() for r in reqs.values())
+    if in_flight is not None:  # only tokens past the requests' ends are left
+        sched.update_from_output(in_flight, [0] * len(in_flight.sampling_requests()))
+    assert all(r.is_finished() and r.num_output_placeholders == 0 for r in reqs.values())
     kv = sched.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks and not any(kv.req_to_blocks.values())
     return sched, {rid: list(r.output_token_ids) for rid, r in reqs.items()}
@@ -500,6 +593,8 @@ def test_random_workloads_keep_invariants_and_match_an_unconstrained_run(w: Work
     target(float(sched.num_preemptions), label="preemptions")  # steer towards preemption
     _, reference = run_workload(w, big=True)
     assert outputs == reference
+    _, async_outputs = run_workload(w, async_scheduling=True)
+    assert async_outputs == reference
     for i, (_, prompt, max_tokens) in enumerate(w.requests):
         toks = outputs[f"r{i}"]
         assert 1 <= len(toks) <= min(max_tokens, MAX_MODEL_LEN - len(prompt))

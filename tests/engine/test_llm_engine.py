@@ -70,6 +70,12 @@ ENGINE_CONFIGS = {
     # 6 blocks of 16 slots hold ~96 tokens: the 200-token prompts need 13+ blocks each,
     # so the pool must be bigger than one max-length request but far below the batch.
     "preemption": dict(num_kv_blocks=MAX_MODEL_LEN // 16 + 2, max_num_batched_tokens=64),
+    # Every configuration above runs with async scheduling (the default on one device);
+    # these two run each step to completion before scheduling the next.
+    "sync": dict(async_scheduling=False),
+    "sync-preemption": dict(
+        async_scheduling=False, num_kv_blocks=MAX_MODEL_LEN // 16 + 2, max_num_batched_tokens=64
+    ),
 }
 
 
@@ -94,7 +100,8 @@ def test_greedy_matches_hf(arch_case, config_name: str, shared_prefix: bool) -> 
         reason = o.outputs[0].finish_reason
         assert reason == ("stop" if e and e[-1] == 2 else "length")
     stats = llm.llm_engine.stats
-    if config_name == "preemption":
+    assert llm.llm_engine.async_scheduling == ("sync" not in config_name)
+    if "preemption" in config_name:
         assert stats.num_preemptions > 0, "the tiny pool was meant to force preemptions"
     if shared_prefix and config_name != "no-prefix-cache":
         assert stats.prefix_cache_hit_rate > 0
