@@ -2,8 +2,10 @@
 
 How the defaults in ``triton_unified_attention.py`` were chosen:
 ``python -m minivllm.benchmarks.kernel_sweep OUT.json`` times every candidate launch
-configuration on the decode shapes that carry the targets and on one long prefill, and
-writes all timings, so the choice can be re-checked on other hardware.
+configuration on the decode shapes that carry the targets, on the ragged full batch of
+the throughput workload, and on one long prefill, compares the decode configurations
+that win somewhere on equal and on ragged contexts, and writes all timings, so the
+choice can be re-checked on other hardware (``--ragged-only``: skip the first sweeps).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 from minivllm.attention.triton_unified_attention import (
     AttentionLaunchConfig,
@@ -75,6 +78,68 @@ def sweep_decode(copy_bw: float) -> list[dict]:
     return rows
 
 
+RAGGED_CONFIGS = DECODE_CONFIGS + ((32, 4, 2), (32, 2, 2), (32, 2, 3), (64, 2, 2), (16, 2, 3))
+
+
+def sweep_ragged_decode(copy_bw: float, batch: int = 256) -> list[dict]:
+    """Time decode configs on the throughput workload's shape: 256 sequences whose
+    contexts are uniform in 100..1100 (seed 0), so programs finish at different times."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lens = torch.randint(100, 1101, (batch,), generator=gen, device="cuda", dtype=torch.int32)
+    paged = make_paged_kv(batch, 1100, gen)
+    q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
+    starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    args = (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens, starts,
+            torch.empty_like(q), HEAD_SIZE**-0.5)
+    nbytes = 2 * int(lens.sum()) * 8 * HEAD_SIZE * 2 + 2 * q.numel() * 2
+    rows = []
+    for (tile, warps, stages), segs in itertools.product(RAGGED_CONFIGS, (1, 2)):
+        cfg = AttentionLaunchConfig(16, tile, warps, stages, segs)
+        try:
+            ms = _bench_graph(lambda cfg=cfg: launch_unified_attention(*args, cfg))
+        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory
+            rows.append({"batch": batch, "context": "100..1100", "config": cfg.__dict__,
+                         "error": repr(exc)[:200]})
+            continue
+        rows.append({"batch": batch, "context": "100..1100", "config": cfg.__dict__, "ms": ms,
+                     "pct_copy_bw": 100 * nbytes / (ms * 1e-3) / copy_bw})
+        print(f"ragged B{batch} {cfg}: {ms:.4f} ms {rows[-1]['pct_copy_bw']:.0f}%", flush=True)
+    return rows
+
+
+# (batch, shortest context, longest context): equal contexts, and ragged ones as a
+# continuous batch has them.
+COMPARE_SHAPES = ((256, 2048, 2048), (256, 8192, 8192), (128, 1024, 1024), (128, 4096, 4096),
+                  (128, 100, 1100), (64, 2048, 2048), (32, 100, 1100), (256, 1000, 3000))
+COMPARE_CONFIGS = ((64, 4, 2), (128, 4, 3), (64, 4, 3), (128, 4, 2))
+
+
+def compare_decode_configs(copy_bw: float) -> list[dict]:
+    """The decode configurations that win somewhere, on equal and on ragged contexts."""
+    rows = []
+    for batch, lo, hi in COMPARE_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(batch + hi)
+        lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda",
+                             dtype=torch.int32)
+        paged = make_paged_kv(batch, hi, gen)
+        q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
+        starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        args = (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens,
+                starts, torch.empty_like(q), HEAD_SIZE**-0.5)
+        nbytes = 2 * int(lens.sum()) * 8 * HEAD_SIZE * 2
+        for tile, warps, stages in COMPARE_CONFIGS:
+            cfg = AttentionLaunchConfig(16, tile, warps, stages, 1)
+            ms = _bench_graph(lambda cfg=cfg, args=args: launch_unified_attention(*args, cfg))
+            rows.append({"batch": batch, "context": [lo, hi], "config": cfg.__dict__, "ms": ms,
+                         "pct_copy_bw": 100 * nbytes / (ms * 1e-3) / copy_bw})
+        print(f"B{batch} C{lo}..{hi}: " + " | ".join(
+            f"{r['config']['tile_n']}/{r['config']['num_warps']}/{r['config']['num_stages']} "
+            f"{r['pct_copy_bw']:.0f}%" for r in rows[-len(COMPARE_CONFIGS):]), flush=True)
+        args = paged = None
+        torch.cuda.empty_cache()
+    return rows
+
+
 def sweep_prefill(batch: int = 1, new: int = 8192) -> list[dict]:
     """Time the prefill configs on one long causal prefill."""
     gen = torch.Generator(device="cuda").manual_seed(new)
@@ -101,8 +166,14 @@ def sweep_prefill(batch: int = 1, new: int = 8192) -> list[dict]:
 def main() -> None:
     """Run both sweeps and write the JSON given on the command line."""
     copy_bw = measure_copy_bandwidth()
-    result = {"gpu": torch.cuda.get_device_name(0), "copy_bandwidth_bytes_per_s": copy_bw,
-              "decode": sweep_decode(copy_bw), "prefill": sweep_prefill()}
+    result = {"command": "python -m minivllm.benchmarks.kernel_sweep " + " ".join(sys.argv[1:]),
+              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "triton": triton.__version__, "copy_bandwidth_bytes_per_s": copy_bw}
+    if "--ragged-only" not in sys.argv:
+        result["decode"] = sweep_decode(copy_bw)
+        result["prefill"] = sweep_prefill()
+    result["ragged_decode"] = sweep_ragged_decode(copy_bw)
+    result["decode_config_comparison"] = compare_decode_configs(copy_bw)
     Path(sys.argv[1]).write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from minivllm.attention import reference, triton_ops
+from minivllm.attention import triton_unified_attention as tua
 from minivllm.attention.triton_decode_split import MIN_TOKENS_PER_SEGMENT, choose_num_segments
 from minivllm.attention.triton_unified_attention import select_config
 from tests.attention.paged_batch import PagedBatch, make_paged_batch
@@ -179,6 +180,32 @@ def test_split_heuristic() -> None:
     for active in range(1, sms):
         n = choose_num_segments(active, 1 << 20, sms)
         assert n & (n - 1) == 0
+
+
+def test_large_batch_decode_config(monkeypatch) -> None:
+    """From DECODE_LARGE_BATCH sequences on, decode uses the long-tile configuration
+    (where shared memory allows it), and that configuration is exact on a ragged batch."""
+    kwargs = dict(num_heads=16, num_kv_heads=8, max_query_len=1, max_seq_len=4096)
+    small = select_config(num_tokens=64, num_seqs=64, device=torch.device(DEVICE), **kwargs)
+    assert (small.tile_n, small.num_stages) == (64, 2)
+    monkeypatch.setattr(tua, "smem_budget", lambda device: 227 * 1024)
+    big = select_config(num_tokens=256, num_seqs=256, device=torch.device(DEVICE), **kwargs)
+    assert (big.tile_n, big.num_warps, big.num_stages) == (128, 4, 3)
+    monkeypatch.setattr(tua, "smem_budget", lambda device: 160 * 1024)
+    fitted = select_config(num_tokens=256, num_seqs=256, device=torch.device(DEVICE), **kwargs)
+    assert (fitted.tile_n, fitted.num_stages) == (64, 3)  # halved to fit the budget
+
+    b = make_paged_batch([(150, 1), (7, 1), (260, 1), (64, 1)], block_size=16,
+                         num_kv_heads=2, group=2, head_size=64, dtype=torch.float32,
+                         device=DEVICE, seed=5)
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    out = torch.full_like(b.query, float("nan"))
+    tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                 b.seq_lens, b.query_start_loc, out, b.scale,
+                                 tua.AttentionLaunchConfig(16, 128, 4, 3, 1))
+    _check_close(out, ref, torch.float32)
 
 
 def test_ops_are_registered_and_pass_opcheck() -> None:
