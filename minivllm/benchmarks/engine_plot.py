@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 def plot_engine_results(folder: Path, out: Path) -> None:
-    """Draw ``throughput.json``, ``latency.json`` and ``prefix.json`` from ``folder``."""
+    """Draw ``throughput.json`` (with ``throughput_peers.json`` when the peers ran
+    separately), ``latency.json`` and ``prefix.json`` from ``folder``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -21,12 +22,17 @@ def plot_engine_results(folder: Path, out: Path) -> None:
     thr = json.loads((folder / "throughput.json").read_text())
     lat = json.loads((folder / "latency.json").read_text())
     pre = json.loads((folder / "prefix.json").read_text())
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    peers_file = folder / "throughput_peers.json"
+    peers = json.loads(peers_file.read_text())["peers"] if peers_file.exists() else {}
+    peers = thr.get("peers", peers)  # a run with --peer hf carries its own
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.6), width_ratios=[1.8, 1, 1])
 
     ax = axes[0]
     names = ["roofline", "minivllm"]
     values = [thr["roofline"]["max_output_tokens_per_s"], thr["minivllm"]["output_tokens_per_s"]]
-    peers = thr.get("peers", {})
+    if "sync" in thr:
+        names.append("minivllm\nsync steps")
+        values.append(thr["sync"]["output_tokens_per_s"])
     if "minivllm" in peers:
         names.append(f"minivllm\n({peers['num_requests']} req)")
         values.append(peers["minivllm"]["output_tokens_per_s"])
@@ -38,7 +44,8 @@ def plot_engine_results(folder: Path, out: Path) -> None:
         "#3f51b5" if n.startswith("minivllm") else "#ef6c00" for n in names[2:]
     ]
     ax.bar(names, values, color=colors)
-    if len(values) > 2:
+    ax.tick_params(axis="x", labelsize=8)
+    if len(values) > 3:
         ax.set_yscale("log")  # peers run 10-100x slower: a linear axis would hide them
     ax.set_ylabel("output tokens / s")
     ax.set_title(f"Throughput, {thr['workload']['num_requests']} requests "

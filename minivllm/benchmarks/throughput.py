@@ -38,6 +38,8 @@ def add_engine_bench_args(parser: argparse.ArgumentParser, output: str) -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--async-scheduling", choices=["auto", "on", "off"], default="auto",
+                        help="keep one step in flight (auto: on with one rank)")
 
 
 def add_throughput_args(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +54,10 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> None:
                         help="prompt lengths (the published workload: 100 1024)")
     parser.add_argument("--output-len-range", type=int, nargs=2, default=[100, 1024],
                         help="output lengths (the published workload: 100 1024)")
+    parser.add_argument("--profile-dir", default=None,
+                        help="also profile 8 full-batch decode steps of the workload here")
+    parser.add_argument("--compare-sync", action="store_true",
+                        help="run the workload again with async scheduling off, same engine")
 
 
 def checkpoint_path(args: argparse.Namespace) -> str:
@@ -69,6 +75,7 @@ def build_llm(args: argparse.Namespace, path: str, **overrides: Any):
         gpu_memory_utilization=args.gpu_memory_utilization,
         attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size,
+        async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
     )
     kwargs.update(overrides)
     return LLM(path, **kwargs)
@@ -109,9 +116,10 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
         "output_tokens": workload.num_output_tokens}}
     result["copy_bandwidth_bytes_per_s"] = bw = measure_copy_bandwidth()
     llm = build_llm(args, path)
-    quarter = max(8, args.max_model_len // 4)
-    warmup = throughput_workload(16, 1, (8, quarter), (4, quarter // 2))
-    generate_workload(llm, warmup)  # warm-up: kernel JIT, allocator, graphs
+    # Warm-up on the workload itself: Triton compiles a kernel variant the first time it
+    # sees a new specialization (e.g. a batch shape), and a smaller warm-up leaves some of
+    # those compilations inside the timed run.
+    generate_workload(llm, workload)
     seconds = generate_workload(llm, workload)
     mini = {"engine": "minivllm", "seconds": seconds,
             "output_tokens_per_s": workload.num_output_tokens / seconds,
@@ -135,6 +143,10 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     print(f"minivllm: {mini['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s "
           f"({mini['fraction_of_roofline']:.0%} of the {roof.max_output_tokens_per_s:.0f} "
           f"tok/s roofline)", flush=True)
+    if args.compare_sync and llm.llm_engine.async_scheduling:
+        result["sync"] = compare_sync(llm, workload, seconds)
+    if args.profile_dir:
+        result["profile"] = profile_full_batch(llm, workload, Path(args.profile_dir))
     if args.peer == "hf":
         sub = workload.head(args.peer_num_requests or len(workload.prompts))
         seconds = generate_workload(llm, sub)
@@ -145,6 +157,52 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
         result["peers"] = run_peers(path, sub, seconds)
     write_json(Path(args.output), result)
     return result
+
+
+def compare_sync(llm, workload: Workload, async_seconds: float) -> dict[str, Any]:
+    """Time the workload with every step run to completion before the next is scheduled.
+
+    The same engine (same KV pool, same captured graphs) with its step loop switched, so
+    the difference is the overlap alone.
+    """
+    engine = llm.llm_engine
+    engine.async_scheduling = False
+    try:
+        seconds = generate_workload(llm, workload)
+    finally:
+        engine.async_scheduling = True
+    out = {"seconds": seconds, "output_tokens_per_s": workload.num_output_tokens / seconds,
+           "async_speedup": seconds / async_seconds}
+    print(f"synchronous steps: {out['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s; "
+          f"async scheduling is {out['async_speedup']:.2f}x", flush=True)
+    return out
+
+
+def profile_full_batch(llm, workload: Workload, out_dir: Path) -> dict[str, Any]:
+    """Profile 8 decode steps once every prefill is done and the batch is full.
+
+    The first 40 steps run unprofiled (all prompts are prefilled by then, and no
+    request is near its end), then ``profile_steps`` traces the next 8; the rest of the
+    workload is aborted.
+    """
+    from minivllm import SamplingParams
+    from minivllm.benchmarks.profiling import profile_steps
+
+    engine = llm.llm_engine
+    engine.kv_cache_manager.reset_prefix_cache()
+    for prompt, n in zip(workload.prompts, workload.output_lens):
+        engine.add_request({"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    for _ in range(40):
+        engine.step()
+    summary = profile_steps(engine, 8, out_dir, "throughput_decode")
+    summary["batch"] = len(engine.scheduler.running)
+    engine.abort_request(list(engine.scheduler.requests))
+    print(f"full-batch decode ({summary['batch']} requests): device busy "
+          f"{summary['device_busy_ms_per_step']:.2f} ms per step, wall "
+          f"{summary['wall_ms_per_step']:.2f} ms (profiled)", flush=True)
+    (out_dir / "throughput_decode_trace.json").unlink(missing_ok=True)  # ~100 MB
+    return {k: v for k, v in summary.items() if k != "top"} | {"top": summary["top"][:12]}
 
 
 def run_peers(path: str, sub: Workload, minivllm_seconds: float) -> dict[str, Any]:
