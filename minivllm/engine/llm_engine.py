@@ -1,10 +1,10 @@
 """The engine: one in-process loop of schedule -> execute -> update.
 
-Upstream counterparts: ``vllm/v1/engine/llm_engine.py`` (``LLMEngine``), the inner loop
-``vllm/v1/engine/core.py`` (``EngineCore.step``) and the output side
-``vllm/v1/engine/output_processor.py``. vLLM splits these across processes (the core
-runs behind ZeroMQ so tokenization and detokenization overlap the GPU); minivllm keeps
-them in one object so the whole step reads top to bottom in one method.
+Upstream counterparts: ``vllm/v1/engine/llm_engine.py`` (``LLMEngine``) and the inner
+loop ``vllm/v1/engine/core.py`` (``EngineCore.step``, ``step_with_batch_queue``). vLLM
+splits these across processes (the core runs behind ZeroMQ so tokenization and
+detokenization overlap the GPU); minivllm keeps them in one object so the whole step
+reads top to bottom in one method, with the output side in ``output_processor.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from minivllm.core.kv_cache_utils import get_request_block_hasher
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.scheduler import Scheduler
 from minivllm.engine.arg_utils import EngineArgs
-from minivllm.engine.detokenizer import IncrementalDetokenizer
-from minivllm.engine.logprobs import LogprobsProcessor
+from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.executor.abstract import Executor
-from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.outputs import RequestOutput
 from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.async_utils import AsyncOutput
@@ -92,10 +91,7 @@ class LLMEngine:
             else None
         )
         self._request_counter = itertools.count()
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self._logprobs: dict[str, LogprobsProcessor] = {}
-        # child request id -> (its parent, its index), for n > 1 requests.
-        self._parents: dict[str, tuple[ParentRequest, int]] = {}
+        self.output_processor = OutputProcessor(self.tokenizer)
         self.stats = EngineStats(num_kv_blocks=num_blocks)
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         # With async scheduling: the step queued on the device whose tokens have not
@@ -177,7 +173,7 @@ class LLMEngine:
         """
         params = request.sampling_params
         if params.n == 1:
-            self._add_one(request)
+            self._add_one(request, None)
             return
         parent = ParentRequest(request.request_id, params)
         for index in range(params.n):
@@ -191,28 +187,12 @@ class LLMEngine:
                 self._block_hasher,
                 prompt=request.prompt,
             )
-            self._add_one(child)
-            self._parents[child_id] = (parent, index)
+            self._add_one(child, (parent, index))
 
-    def _add_one(self, request: Request) -> None:
+    def _add_one(self, request: Request, parent: tuple[ParentRequest, int] | None) -> None:
+        """Queue one (child) request in the scheduler and set up its output state."""
         self.scheduler.add_request(request)
-        params = request.sampling_params
-        if self.tokenizer is not None:
-            self._detokenizers[request.request_id] = IncrementalDetokenizer(
-                self.tokenizer,
-                request.prompt_token_ids,
-                params.skip_special_tokens,
-                params.stop,
-                params.min_tokens,
-                params.include_stop_str_in_output,
-            )
-        if params.logprobs is not None or params.prompt_logprobs is not None:
-            self._logprobs[request.request_id] = LogprobsProcessor(
-                self.tokenizer,
-                params.logprobs,
-                params.prompt_logprobs,
-                request.num_prompt_tokens,
-            )
+        self.output_processor.add_request(request, parent)
         self.stats.num_prompt_tokens += request.num_prompt_tokens
 
     def add_request(self, prompt: PromptType, params: SamplingParams) -> str:
@@ -228,16 +208,12 @@ class LLMEngine:
         ignored, so it is safe to call with every id of an interrupted ``generate``.
         """
         ids = set(request_ids)
+        outputs = self.output_processor
         targets = [
-            rid
-            for rid in self.scheduler.requests
-            if rid in ids or (rid in self._parents and self._parents[rid][0].request_id in ids)
+            rid for rid in self.scheduler.requests if rid in ids or outputs.is_child_of(rid, ids)
         ]
         self.scheduler.finish_requests(targets, RequestStatus.FINISHED_ABORTED)
-        for rid in targets:
-            self._detokenizers.pop(rid, None)
-            self._logprobs.pop(rid, None)
-            self._parents.pop(rid, None)
+        outputs.abort_requests(targets)
         if not self.scheduler.has_unfinished_requests():
             self._drain()  # its tokens all belong to aborted requests: nothing to return
 
@@ -289,62 +265,18 @@ class LLMEngine:
         finished = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids
         )
-        self._update_logprobs(scheduler_output, runner_output)
-        finished += self._apply_stop_strings(scheduler_output, finished)
+        self.output_processor.update_logprobs(scheduler_output, runner_output)
+        # Stop strings need text: the output side finds them, the scheduler frees.
+        stopped = self.output_processor.apply_stop_strings(scheduler_output)
+        self.scheduler.finish_requests(
+            [r.request_id for r in stopped], RequestStatus.FINISHED_STOPPED
+        )
+        finished += stopped
         self._record_step(scheduler_output)
         if self.tracer is not None:
             self.tracer.record_step(scheduler_output, self.kv_cache_manager)
-        outputs = (self._make_output(r) for r in finished)
+        outputs = (self.output_processor.make_output(r) for r in finished)
         return [o for o in outputs if o is not None]
-
-    def _update_logprobs(self, scheduler_output: Any, runner_output: Any) -> None:
-        """Hand this step's sample and prompt logprobs to the requests' processors."""
-        if not self._logprobs:
-            return
-        if runner_output.logprobs is not None:
-            for row, s in enumerate(scheduler_output.sampling_requests()):
-                proc = self._logprobs.get(s.request_id)
-                # Only if the token was kept (a request aborted mid-step drops it).
-                if (
-                    proc is not None
-                    and proc.logprobs is not None
-                    and (len(proc.logprobs) < s.request.num_output_tokens)
-                ):
-                    proc.add_sample(runner_output.logprobs, row)
-        for req_id, chunk in runner_output.prompt_logprobs.items():
-            if (proc := self._logprobs.get(req_id)) is not None:
-                proc.add_prompt_chunk(chunk.start, chunk.lists)
-
-    def _apply_stop_strings(self, scheduler_output: Any, finished: list[Request]) -> list[Request]:
-        """Detokenize requests with stop strings and finish those that produced one.
-
-        Mirrors vLLM's output processor: stop strings are found in text, after the
-        scheduler has already applied the token-level rules, so a request the scheduler
-        just finished (by length or a stop token) is checked too, and a stop string
-        found in it wins (``finish_reason "stop"``, ``stop_reason`` the string).
-        Requests without stop strings are detokenized once, when they finish: doing it
-        every step would only cost time in the loop.
-        """
-        stopped = []
-        for s in scheduler_output.sampling_requests():
-            request = s.request
-            detok = self._detokenizers.get(request.request_id)
-            if detok is None or not detok.stop:
-                continue
-            new_ids = request.output_token_ids[detok.num_output_tokens :]
-            if not new_ids:
-                continue  # its token was dropped (finished before the step's results)
-            stop_terminated = request.status == RequestStatus.FINISHED_STOPPED
-            stop_str = detok.update_and_check_stop(new_ids, stop_terminated)
-            if stop_str is None:
-                continue
-            request.stop_reason = stop_str
-            if request.is_finished():
-                request.status = RequestStatus.FINISHED_STOPPED
-            else:
-                self.scheduler.finish_requests([request.request_id], RequestStatus.FINISHED_STOPPED)
-                stopped.append(request)
-        return stopped
 
     def _record_step(self, scheduler_output: Any) -> None:
         stats = self.stats
@@ -357,68 +289,6 @@ class LLMEngine:
         stats.peak_blocks_in_use = self.scheduler.peak_blocks_in_use
         prefix = self.kv_cache_manager.prefix_cache_stats
         stats.prefix_cache_queries, stats.prefix_cache_hits = prefix.queries, prefix.hits
-
-    # ---- outputs ----------------------------------------------------------------------
-
-    def _make_completion(self, request: Request) -> CompletionOutput:
-        """The finished request's ``CompletionOutput``; forgets its per-request state."""
-        req_id = request.request_id
-        params = request.sampling_params
-        detok = self._detokenizers.pop(req_id, None)
-        text = ""
-        if detok is not None:
-            if detok.stop:
-                text = detok.output_text
-            else:
-                ids = request.output_token_ids
-                if (
-                    request.status == RequestStatus.FINISHED_STOPPED
-                    and not params.include_stop_str_in_output
-                ):
-                    ids = ids[:-1]  # as vLLM: the EOS / stop token's text is left out
-                text = self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
-        proc = self._logprobs.get(req_id)
-        return CompletionOutput(
-            index=0,
-            text=text,
-            token_ids=list(request.output_token_ids),
-            cumulative_logprob=None if proc is None else proc.cumulative_logprob,
-            logprobs=None if proc is None else proc.logprobs,
-            finish_reason=request.get_finished_reason(),
-            stop_reason=request.stop_reason,
-        )
-
-    def _make_output(self, request: Request) -> RequestOutput | None:
-        """The ``RequestOutput`` of a finished request, or None for a child of an
-        ``n > 1`` request whose siblings are still running."""
-        completion = self._make_completion(request)
-        proc = self._logprobs.pop(request.request_id, None)
-        prompt_logprobs = None if proc is None else proc.prompt_logprobs
-        num_cached_tokens = request.num_cached_tokens
-        parent_info = self._parents.pop(request.request_id, None)
-        if parent_info is None:
-            outputs = [completion]
-            request_id = request.request_id
-        else:
-            parent, index = parent_info
-            if index == 0:
-                # Prompt-level fields come from the first sample.
-                parent.prompt_logprobs = prompt_logprobs
-                parent.num_cached_tokens = num_cached_tokens
-            if not parent.add_output(request.request_id, index, completion):
-                return None
-            outputs = parent.completions()
-            request_id = parent.request_id
-            prompt_logprobs, num_cached_tokens = parent.prompt_logprobs, parent.num_cached_tokens
-        return RequestOutput(
-            request_id=request_id,
-            prompt=request.prompt,
-            prompt_token_ids=list(request.prompt_token_ids),
-            outputs=outputs,
-            finished=True,
-            prompt_logprobs=prompt_logprobs,
-            num_cached_tokens=num_cached_tokens,
-        )
 
 
 def _load_tokenizer(path: str | None) -> Any:

@@ -289,4 +289,5 @@ def test_finished_requests_free_everything(llm: LLM) -> None:
     llm.generate([{"prompt_token_ids": p} for p in PROMPTS], MIXED, use_tqdm=False)
     engine = llm.llm_engine
     assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_blocks
-    assert not engine._detokenizers and not engine._logprobs and not engine._parents
+    outputs = engine.output_processor
+    assert not outputs.detokenizers and not outputs.logprobs and not outputs.parents
