@@ -234,15 +234,13 @@ class LLMEngine:
         a request that stops in step N (EOS, stop token or string) has already been
         scheduled for N+1, and that one token is computed and dropped.
         """
-        outputs: list[RequestOutput] = []
-        if not self.async_scheduling or self.tracer is not None:
-            # The tracer pictures the KV cache as each step left it, so it runs in step.
-            outputs += self._drain()
-            scheduler_output = self.scheduler.schedule()
-            handle = self.model_executor.execute_model_async(scheduler_output)
-            return outputs + self._process_step(scheduler_output, handle)
+        # The tracer pictures the KV cache as each step left it, so it runs in step.
+        run_ahead = self.async_scheduling and self.tracer is None
+        outputs = [] if run_ahead else self._drain()
         scheduler_output = self.scheduler.schedule()
         handle = self.model_executor.execute_model_async(scheduler_output)
+        if not run_ahead:
+            return outputs + self._process_step(scheduler_output, handle)
         previous, self._in_flight = self._in_flight, (scheduler_output, handle)
         if previous is not None:
             outputs += self._process_step(*previous)
