@@ -9,6 +9,7 @@ row of the batch uses it, so a plain batch pays for none of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,7 +73,8 @@ class SamplingMetadata:
         device: torch.device,
         generators: dict[str, torch.Generator],
         vocab_size: int,
-        in_flight_tokens: dict[str, int] | None = None,
+        in_flight_ids: Collection[str] = (),
+        read_in_flight: Callable[[], dict[str, int]] | None = None,
     ) -> SamplingMetadata:
         """Gather the settings of ``requests`` (one logits row each, in order).
 
@@ -82,11 +84,13 @@ class SamplingMetadata:
             generators: request_id -> generator for seeded requests (owned by the runner
                 so that a request's random stream survives across steps and preemption).
             vocab_size: Width of the logits (pad id for token tensors, "off" for top-k).
-            in_flight_tokens: request id -> its latest output token, sampled by the
-                previous step but not yet appended to the request (async scheduling).
-                Needed when ``needs_output_tokens(requests)``.
+            in_flight_ids: Requests whose latest output token was sampled by the
+                previous step but is not yet appended to the request (async scheduling):
+                min_tokens counts it.
+            read_in_flight: Returns those tokens' values (request id -> token), waiting
+                for the previous step if need be; called only when a row uses penalties,
+                which read the tokens themselves.
         """
-        in_flight = in_flight_tokens or {}
         params = [r.sampling_params for r in requests]
         temps = [p.temperature for p in params]
         all_greedy = all(t == 0.0 for t in temps)
@@ -117,6 +121,7 @@ class SamplingMetadata:
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         md.max_num_logprobs = max(wanted) if wanted else None
         if any(_uses_penalties(p) for p in params):
+            in_flight = read_in_flight() if in_flight_ids and read_in_flight else {}
             md.prompt_token_ids = to_dev_padded(
                 [r.prompt_token_ids for r in requests], vocab_size, device
             )
@@ -126,17 +131,8 @@ class SamplingMetadata:
             md.presence_penalties = to_dev([p.presence_penalty for p in params], np.float32)
             md.frequency_penalties = to_dev([p.frequency_penalty for p in params], np.float32)
             md.repetition_penalties = to_dev([p.repetition_penalty for p in params], np.float32)
-        _add_min_tokens(md, requests, device, vocab_size, in_flight)
+        _add_min_tokens(md, requests, device, vocab_size, in_flight_ids)
         return md
-
-    @staticmethod
-    def needs_output_tokens(requests: list[Request]) -> bool:
-        """Whether any row's sampling depends on its output tokens so far (penalties
-        read them, min_tokens counts them)."""
-        return any(
-            _uses_penalties(r.sampling_params) or r.sampling_params.min_tokens > 0
-            for r in requests
-        )
 
 
 def _output_ids(request: Request, in_flight: dict[str, int]) -> list[int]:
@@ -169,14 +165,14 @@ def _add_min_tokens(
     requests: list[Request],
     device: torch.device,
     vocab_size: int,
-    in_flight: dict[str, int],
+    in_flight_ids: Collection[str],
 ) -> None:
     """Fill the (row, token) pairs that min_tokens forbids this step."""
     rows: list[int] = []
     token_ids: list[int] = []
     for i, r in enumerate(requests):
         p = r.sampling_params
-        if r.num_output_tokens + (r.request_id in in_flight) < p.min_tokens:
+        if p.min_tokens and r.num_output_tokens + (r.request_id in in_flight_ids) < p.min_tokens:
             # An id outside the vocabulary can never be sampled, so it needs no mask.
             stop_ids = sorted(t for t in p.min_tokens_stop_ids if 0 <= t < vocab_size)
             rows += [i] * len(stop_ids)

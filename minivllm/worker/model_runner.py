@@ -24,7 +24,6 @@ from minivllm.core.sched_output import SchedulerOutput
 from minivllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.model_executor.loader import get_model
-from minivllm.request import Request
 from minivllm.sample.logprobs import LogprobsLists
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
@@ -319,7 +318,8 @@ class ModelRunner:
             self.device,
             self.generators,
             logits.shape[-1],
-            self._in_flight_tokens(requests, inputs.placeholder_req_ids),
+            in_flight_ids=frozenset(inputs.placeholder_req_ids),
+            read_in_flight=self._read_in_flight_tokens,
         )
         sampler_output = self.sampler(logits, metadata)
         sampled = sampler_output.sampled_token_ids
@@ -328,16 +328,14 @@ class ModelRunner:
         self._prev_output = AsyncOutput(output, sampled, sampler_output.logprobs_tensors)
         return self._prev_output
 
-    def _in_flight_tokens(self, requests: list[Request], placeholder_ids: list[str]) -> dict:
-        """The values of this step's placeholder tokens, when sampling needs them on the host.
+    def _read_in_flight_tokens(self) -> dict[str, int]:
+        """The previous step's sampled tokens by request id, for the penalties.
 
-        Penalties count every output token and min_tokens counts how many there are, so
-        for those (rare) batches the host waits here for the previous step, but only
-        after this step's forward pass is queued, so the device stays busy meanwhile.
+        Penalties count every output token, so a penalized request with a token in
+        flight needs its value on the host: the host waits here for the previous step,
+        but only after this step's forward pass is queued, so the device stays busy
+        meanwhile. (min_tokens needs only to know the token exists, not its value.)
         """
-        if not placeholder_ids or not SamplingMetadata.needs_output_tokens(requests):
-            return {}
         assert self._prev_output is not None
-        prev = self._prev_output.get_output()
-        row = {rid: i for i, rid in enumerate(prev.req_ids)}
-        return {rid: prev.sampled_token_ids[row[rid]] for rid in placeholder_ids}
+        sampled = self._prev_output.get_output().sampled_token_ids
+        return {rid: sampled[row] for rid, row in self._prev_rows.items()}
