@@ -26,6 +26,7 @@ from minivllm.benchmarks.kernel import (
     DTYPE,
     HEAD_SIZE,
     NUM_HEADS,
+    NUM_KV_HEADS,
     _bench_graph,
     make_paged_kv,
     measure_copy_bandwidth,
@@ -78,20 +79,27 @@ def sweep_decode(copy_bw: float) -> list[dict]:
     return rows
 
 
+def _ragged_decode_inputs(batch: int, lo: int, hi: int, seed: int) -> tuple[tuple, int]:
+    """Launch arguments for one decode step of ``batch`` sequences whose contexts are
+    uniform in ``lo..hi``, and the K/V bytes the step must read."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda", dtype=torch.int32)
+    paged = make_paged_kv(batch, hi, gen)
+    q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
+    starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    args = (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens, starts,
+            torch.empty_like(q), HEAD_SIZE**-0.5)
+    return args, 2 * int(lens.sum()) * NUM_KV_HEADS * HEAD_SIZE * DTYPE.itemsize
+
+
 RAGGED_CONFIGS = DECODE_CONFIGS + ((32, 4, 2), (32, 2, 2), (32, 2, 3), (64, 2, 2), (16, 2, 3))
 
 
 def sweep_ragged_decode(copy_bw: float, batch: int = 256) -> list[dict]:
     """Time decode configs on the throughput workload's shape: 256 sequences whose
     contexts are uniform in 100..1100 (seed 0), so programs finish at different times."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    lens = torch.randint(100, 1101, (batch,), generator=gen, device="cuda", dtype=torch.int32)
-    paged = make_paged_kv(batch, 1100, gen)
-    q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
-    starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-    args = (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens, starts,
-            torch.empty_like(q), HEAD_SIZE**-0.5)
-    nbytes = 2 * int(lens.sum()) * 8 * HEAD_SIZE * 2 + 2 * q.numel() * 2
+    args, nbytes = _ragged_decode_inputs(batch, 100, 1100, seed=0)
+    nbytes += 2 * args[0].numel() * DTYPE.itemsize  # the queries read, the outputs written
     rows = []
     for (tile, warps, stages), segs in itertools.product(RAGGED_CONFIGS, (1, 2)):
         cfg = AttentionLaunchConfig(16, tile, warps, stages, segs)
@@ -118,15 +126,7 @@ def compare_decode_configs(copy_bw: float) -> list[dict]:
     """The decode configurations that win somewhere, on equal and on ragged contexts."""
     rows = []
     for batch, lo, hi in COMPARE_SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(batch + hi)
-        lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda",
-                             dtype=torch.int32)
-        paged = make_paged_kv(batch, hi, gen)
-        q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
-        starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-        args = (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens,
-                starts, torch.empty_like(q), HEAD_SIZE**-0.5)
-        nbytes = 2 * int(lens.sum()) * 8 * HEAD_SIZE * 2
+        args, nbytes = _ragged_decode_inputs(batch, lo, hi, seed=batch + hi)
         for tile, warps, stages in COMPARE_CONFIGS:
             cfg = AttentionLaunchConfig(16, tile, warps, stages, 1)
             ms = _bench_graph(lambda cfg=cfg, args=args: launch_unified_attention(*args, cfg))
@@ -135,7 +135,7 @@ def compare_decode_configs(copy_bw: float) -> list[dict]:
         print(f"B{batch} C{lo}..{hi}: " + " | ".join(
             f"{r['config']['tile_n']}/{r['config']['num_warps']}/{r['config']['num_stages']} "
             f"{r['pct_copy_bw']:.0f}%" for r in rows[-len(COMPARE_CONFIGS):]), flush=True)
-        args = paged = None
+        args = None
         torch.cuda.empty_cache()
     return rows
 
