@@ -82,6 +82,34 @@ class LLM:
         requests = [self.llm_engine.process_inputs(p, sp) for p, sp in zip(prompts, params_list)]
         return self._run_engine(requests, use_tqdm)
 
+    def chat(
+        self,
+        messages: Sequence[Any],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate the assistant's reply to one conversation or to each of a list.
+
+        Each conversation (a list of ``{"role": ..., "content": ...}`` messages) is
+        rendered with the tokenizer's chat template, or ``chat_template`` when given,
+        exactly as ``POST /v1/chat/completions`` renders it, then generated like a prompt.
+
+        Raises:
+            ValueError: The model has no chat template (and none was given), or a message
+                is malformed; the message names it.
+        """
+        from minivllm.entrypoints.chat_utils import render_chat_prompt
+
+        is_one = bool(messages) and not isinstance(messages[0], (list, tuple))
+        conversations = [messages] if is_one else list(messages)
+        prompts = [
+            render_chat_prompt(self.get_tokenizer(), c, chat_template, add_generation_prompt)
+            for c in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
     def _run_engine(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
         order = {request.request_id: i for i, request in enumerate(requests)}
         outputs: list[RequestOutput | None] = [None] * len(order)

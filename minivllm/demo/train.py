@@ -238,6 +238,16 @@ def train(args: argparse.Namespace, model, train_ids, val_ids, device, amp: bool
     return {"loss_curve": curve, "eval": evals, "train_seconds": time.perf_counter() - t0}
 
 
+# A plain role-marker template ("### User:\n...\n\n### Assistant:\n"). The model was never
+# trained on chats, so it answers in scripture, but the whole chat path runs on it.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '### ' + message['role'] | capitalize + ':\\n' + message['content'] + '\\n\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '### Assistant:\\n' }}{% endif %}"
+)
+
+
 def save_checkpoint(model: Any, tokenizer: Any, out: Path) -> None:
     """Write the Hugging Face folder: config, generation config, weights, tokenizer."""
     model.save_pretrained(out)
@@ -246,6 +256,7 @@ def save_checkpoint(model: Any, tokenizer: Any, out: Path) -> None:
     cfg_file = out / "tokenizer_config.json"
     cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg["chat_template"] = CHAT_TEMPLATE  # so LLM.chat and /v1/chat/completions work
     cfg_file.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     special = {
         "bos_token": tokenizer.bos_token,
