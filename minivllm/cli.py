@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
-    from minivllm.benchmarks import host, kernel, latency, prefix, throughput
+    from minivllm.benchmarks import host, kernel, latency, prefix, serve, throughput
 
     commands = [
         ("kernel", "paged-attention kernels vs SDPA and copy bandwidth",
@@ -129,6 +129,8 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
          prefix.add_prefix_args, prefix.run_prefix_bench),
         ("host", "the engine's own per-step CPU cost, model stubbed out (runs on a CPU)",
          host.add_host_args, host.run_host_bench),
+        ("serve", "a running server over HTTP: TTFT, ITL, throughput at request rates",
+         serve.add_serve_args, serve.run_serve_bench),
     ]
     for name, help_text, add_args, run in commands:
         p = bench_sub.add_parser(name, help=help_text)
