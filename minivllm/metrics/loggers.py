@@ -44,7 +44,7 @@ ITERATION_TOKENS_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8
 
 # Finish reasons given a zero-valued series from the start (as upstream does for every
 # FinishReason), so a scrape shows them before the first request of each kind ends.
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:

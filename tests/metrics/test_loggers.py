@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minivllm.core.sched_output import SchedulerStats
 from minivllm.demo import demo_model_path
+from minivllm.engine import FinishReason
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.metrics.loggers import (
     ITL_BUCKETS,
@@ -98,7 +99,7 @@ def test_prometheus_gauges_and_scheduler_counters(vllm_config) -> None:
 def test_prometheus_iteration_stats(vllm_config) -> None:
     prom = PrometheusStatLogger(vllm_config, MODEL)
     s = scrape(prom)
-    for reason in ("stop", "length", "abort"):  # present, at zero, before any request ends
+    for reason in ("stop", "length", "abort", "error"):  # at zero before any request ends
         assert value(s, "vllm:request_success_total", finished_reason=reason) == 0
     step1 = IterationStats(num_generation_tokens=2, num_prompt_tokens=30,
                            time_to_first_tokens_iter=[0.003, 0.07])
@@ -152,6 +153,10 @@ def test_prometheus_iteration_stats(vllm_config) -> None:
     les = {labels for (name, labels) in s if name == "vllm:request_prompt_tokens_bucket"}
     assert {dict(lab)["le"] for lab in les} == {
         *(str(float(b)) for b in build_1_2_5_buckets(512)), "+Inf"}
+    # The engine's FinishReason enum is labelled by its name, as upstream's str().
+    prom.record(None, IterationStats(finished_requests=[
+        finished(FinishReason.ABORT, e2e=1.0, prompt=1, gen=0)]))
+    assert value(scrape(prom), "vllm:request_success_total", finished_reason="abort") == 1
 
 
 def test_prometheus_bucket_boundaries_are_upstreams(vllm_config) -> None:
