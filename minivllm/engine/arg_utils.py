@@ -100,9 +100,13 @@ class EngineArgs:
         self._check_simple_args()
         device = self._resolve_device()
         from minivllm.model_executor.loader import resolve_model_path
+        from minivllm.model_executor.weight_utils import find_safetensors_files
 
-        model_path = resolve_model_path(self.model)
+        model_path = resolve_model_path(os.fspath(self.model))
         hf_config, eos_ids = _load_hf_config(model_path)
+        # Listing the weights now fails a bad index or a folder without weights here,
+        # before any worker process, model or KV cache exists.
+        find_safetensors_files(model_path)
         verify_tensor_parallel_size(hf_config, self.tensor_parallel_size, device)
         dtype = self._resolve_dtype(hf_config, device)
         max_model_len = self._resolve_max_model_len(hf_config)
@@ -142,6 +146,12 @@ class EngineArgs:
         )
 
     def _check_simple_args(self) -> None:
+        if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
+            raise ValueError(
+                "model must name a model folder (config.json + *.safetensors) or a Hugging "
+                f"Face Hub id (owner/name), got {self.model!r}"
+            )
+
         def positive(name: str) -> None:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -222,25 +232,31 @@ def _load_hf_config(model_path: str) -> tuple[Any, set[int]]:
     """Parse config.json (and generation_config.json for EOS ids)."""
     import transformers
 
+    from minivllm.model_executor.weight_utils import read_json_file
+
     config_file = os.path.join(model_path, "config.json")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"no config.json in model folder {model_path!r}")
+    read_json_file(config_file)  # a syntax error is reported with its line and column
     try:
         hf_config = transformers.AutoConfig.from_pretrained(model_path)
     except (ValueError, KeyError, OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot parse {config_file}: {exc}") from exc
-    eos: set[int] = set()
+    eos = _eos_ids(getattr(hf_config, "eos_token_id", None), config_file)
     gen_file = os.path.join(model_path, "generation_config.json")
-    sources: list[Any] = [getattr(hf_config, "eos_token_id", None)]
     if os.path.isfile(gen_file):
-        with open(gen_file) as f:
-            sources.append(json.load(f).get("eos_token_id"))
-    for value in sources:
-        if isinstance(value, int):
-            eos.add(value)
-        elif isinstance(value, list):
-            eos.update(int(v) for v in value)
+        eos |= _eos_ids(read_json_file(gen_file).get("eos_token_id"), gen_file)
     return hf_config, eos
+
+
+def _eos_ids(value: Any, source: str) -> set[int]:
+    """A config's ``eos_token_id`` (absent, one id or a list of ids) as a set of ids."""
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ids):
+        raise ValueError(
+            f"{source}: eos_token_id must be a token id or a list of token ids, got {value!r}"
+        )
+    return set(ids)
 
 
 def _has_tokenizer(model_path: str) -> bool:

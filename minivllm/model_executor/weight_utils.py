@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -32,14 +33,13 @@ def find_safetensors_files(folder: str) -> list[str]:
     Raises:
         FileNotFoundError: ``folder`` does not exist, holds no safetensors file, or its
             index names a file that is absent.
+        ValueError: The index is not valid JSON or has no ``weight_map`` of file names.
     """
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"model folder {folder!r} does not exist")
     index_path = os.path.join(folder, SAFETENSORS_INDEX)
     if os.path.isfile(index_path):
-        with open(index_path, encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map", {})
-        files = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
+        files = [os.path.join(folder, name) for name in _index_file_names(index_path)]
         for path in files:
             if not os.path.isfile(path):
                 raise FileNotFoundError(
@@ -58,6 +58,46 @@ def find_safetensors_files(folder: str) -> list[str]:
             "safetensors checkpoints only)"
         )
     return files
+
+
+def read_json_file(path: str) -> dict[str, Any]:
+    """Parse one of a checkpoint's JSON files (config, generation config, index).
+
+    Raises:
+        ValueError: The file is not UTF-8 JSON, or not a JSON object; the message names
+            the file and, for a syntax error, the line and column.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+            f"(char {exc.pos})"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got a JSON {type(data).__name__}")
+    return data
+
+
+def _index_file_names(index_path: str) -> list[str]:
+    """The shard file names a ``model.safetensors.index.json`` maps tensors to, sorted."""
+    weight_map = read_json_file(index_path).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(name, str) for name in weight_map.values()
+    ):
+        raise ValueError(
+            f"{index_path} needs a 'weight_map' object mapping tensor names to file names, "
+            f"got {weight_map!r:.200}"
+        )
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        # A plain file name: the index must not reach outside the model folder.
+        if os.path.basename(name) != name or name in ("", ".", ".."):
+            raise ValueError(f"{index_path} names {name!r}, which is not a file name")
+    return names
 
 
 def safetensors_weights_iterator(files: Iterable[str]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -225,3 +225,117 @@ def test_resolve_model_path_offline_error(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(FileNotFoundError, match="'Qwen/Qwen3-0.6B'.*network is unreachable"):
         resolve_model_path("Qwen/Qwen3-0.6B")
+
+
+# ---------------------------------------------------------------- bad files, named at construction
+
+BAD_JSON = '{"architectures": ["LlamaForCausalLM"],,}'
+
+
+def _engine_config(path):
+    from minivllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=str(path), device="cpu", max_model_len=64).create_engine_config()
+
+
+def _shard_with_index(path: Path, weight_map: object) -> Path:
+    """Give the checkpoint an index file mapping every tensor as ``weight_map`` says."""
+    index = path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return index
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json"])
+def test_invalid_json_names_the_file_and_the_position(llama_copy, name):
+    (llama_copy / name).write_text(BAD_JSON)
+    with pytest.raises(ValueError) as err:
+        _engine_config(llama_copy)
+    msg = str(err.value)
+    assert msg.startswith(f"{llama_copy / name} is not valid JSON: "), msg
+    assert "at line 1 column 40 (char 39)" in msg
+
+
+def test_invalid_index_json_names_the_file_at_construction(llama_copy):
+    index = llama_copy / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {"a": "model.safetensors"}\n  "metadata": {}}')
+    for fail in (
+        lambda: find_safetensors_files(str(llama_copy)),
+        lambda: _engine_config(llama_copy),
+    ):
+        with pytest.raises(ValueError) as err:
+            fail()
+        assert str(err.value).startswith(f"{index} is not valid JSON: Expecting ',' delimiter")
+        assert "line 2 column 3" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["config.json", "generation_config.json", "model.safetensors.index.json"]
+)
+@pytest.mark.parametrize("content", ["[1, 2]", '"text"', "null"])
+def test_json_that_is_not_an_object_is_named(llama_copy, name, content):
+    (llama_copy / name).write_text(content)
+    with pytest.raises(ValueError, match=rf"{llama_copy / name} must hold a JSON object"):
+        _engine_config(llama_copy)
+
+
+def test_json_that_is_not_utf8_is_named(llama_copy):
+    (llama_copy / "generation_config.json").write_bytes(b'{"eos_token_id": "\xff"}')
+    with pytest.raises(ValueError, match=r"generation_config\.json is not UTF-8 text"):
+        _engine_config(llama_copy)
+
+
+@pytest.mark.parametrize(
+    "weight_map, message",
+    [
+        (None, "needs a 'weight_map' object"),
+        (["model.safetensors"], "needs a 'weight_map' object"),
+        ({"lm_head.weight": 3}, "needs a 'weight_map' object"),
+        ({"lm_head.weight": "../model.safetensors"}, "'../model.safetensors', which is not a file"),
+        ({"lm_head.weight": "/etc/model.safetensors"}, "which is not a file name"),
+    ],
+)
+def test_index_with_a_bad_weight_map_is_named(llama_copy, weight_map, message):
+    index = _shard_with_index(llama_copy, weight_map)
+    with pytest.raises(ValueError) as err:
+        _engine_config(llama_copy)
+    assert str(err.value).startswith(str(index)) and message in str(err.value)
+
+
+def test_index_naming_a_missing_shard_fails_at_construction(llama_copy):
+    _shard_with_index(llama_copy, {"lm_head.weight": "model-00002-of-00002.safetensors"})
+    with pytest.raises(FileNotFoundError, match="'model-00002-of-00002.safetensors', which is"):
+        _engine_config(llama_copy)
+
+
+@pytest.mark.parametrize("eos", [["2"], "2", 2.5, True, [2, None], -1])
+def test_bad_eos_token_id_in_generation_config_is_named(llama_copy, eos):
+    gen = llama_copy / "generation_config.json"
+    gen.write_text(json.dumps({**json.loads(gen.read_text()), "eos_token_id": eos}))
+    with pytest.raises(ValueError) as err:
+        _engine_config(llama_copy)
+    assert str(err.value).startswith(f"{gen}: eos_token_id must be a token id"), str(err.value)
+
+
+def test_good_checkpoint_files_still_load(llama_copy):
+    gen = llama_copy / "generation_config.json"
+    gen.write_text(json.dumps({**json.loads(gen.read_text()), "eos_token_id": [2, 5]}))
+    config = _engine_config(llama_copy)
+    assert config.model_config.eos_token_ids == {2, 5}
+    # A pathlib.Path names a folder as well as a string does.
+    from minivllm.engine.arg_utils import EngineArgs
+
+    by_path = EngineArgs(model=llama_copy, device="cpu", max_model_len=64).create_engine_config()
+    assert by_path.model_config.model == str(llama_copy)
+
+
+@pytest.mark.parametrize("model", [None, 5, "", b"folder", ["a"]])
+def test_model_argument_must_name_a_model(model):
+    from minivllm import LLM
+    from minivllm.engine.arg_utils import EngineArgs
+
+    expected = "model must name a model folder (config.json + *.safetensors) or a Hugging Face"
+    with pytest.raises(ValueError) as err:
+        EngineArgs(model=model).create_engine_config()
+    assert str(err.value).startswith(expected) and repr(model) in str(err.value)
+    with pytest.raises(ValueError, match=r"^model must name a model folder"):
+        LLM(model=model)
