@@ -74,6 +74,20 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(ns: argparse.Namespace) -> int:
+    from minivllm.entrypoints.openai.api_server import run_server
+
+    if ns.model_tag is not None and ns.model is not None and ns.model_tag != ns.model:
+        raise ValueError(f"two models given: {ns.model_tag!r} and --model {ns.model!r}")
+    ns.model = ns.model_tag or ns.model
+    if ns.model is None:
+        from minivllm.demo import demo_model_path
+
+        ns.model = str(demo_model_path())
+        print(f"[minivllm] no model given: serving the built-in demo model at {ns.model}")
+    return run_server(ns)
+
+
 def format_engine_summary(engine) -> str:
     """The engine summary line block printed after ``generate``."""
     s = engine.stats
@@ -102,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true")
     _add_engine_args(gen)
     gen.set_defaults(func=_cmd_generate)
+    from minivllm.entrypoints.openai.cli_args import make_arg_parser
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (docs/api_server.md)")
+    make_arg_parser(serve)
+    _add_engine_args(serve)
+    serve.set_defaults(func=_cmd_serve)
     bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     _add_bench_commands(bench_sub)
