@@ -88,15 +88,35 @@ def build_workload(args: argparse.Namespace, num: int, seed: int) -> Workload:
     return workload
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad options before anything starts, naming the flag."""
+    if args.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}")
+    if args.num_warmups < 0:
+        raise ValueError(f"--num-warmups must be 0 or more, got {args.num_warmups}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
+    if args.client_processes != "auto" and (not args.client_processes.isdigit()
+                                            or int(args.client_processes) < 1):
+        raise ValueError(f"--client-processes must be 'auto' or a positive integer, got "
+                         f"{args.client_processes!r}")
+    for flag in ("input_len", "output_len", "vocab_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+
+
 def parse_rates(args: argparse.Namespace) -> list[float]:
     """The request rates to run, in order (``inf`` accepted)."""
     if args.request_rates is None:
+        if not args.request_rate > 0:
+            raise ValueError(f"--request-rate must be positive (or inf), got {args.request_rate}")
         return [args.request_rate]
     try:
         rates = [float(r) for r in args.request_rates.split(",") if r.strip()]
     except ValueError as exc:
         raise ValueError(f"--request-rates: {exc}; expected e.g. 1,4,16,inf") from exc
-    if not rates or any(r <= 0 for r in rates):
+    if not rates or not all(r > 0 for r in rates):  # also refuses nan
         raise ValueError("--request-rates: give one or more positive rates, e.g. 1,4,16,inf")
     return rates
 
@@ -185,6 +205,7 @@ def run_serve_bench(args: argparse.Namespace) -> dict[str, Any]:
     from minivllm.benchmarks import serve_compare
     from minivllm.benchmarks.common import environment, write_json
 
+    check_args(args)
     rates = parse_rates(args)
     workload = build_workload(args, args.num_prompts, args.seed)
     result: dict[str, Any] = {**environment(), "workload": {
