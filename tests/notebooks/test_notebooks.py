@@ -72,6 +72,7 @@ def test_notebooks_exist() -> None:
         "04_end_to_end.ipynb",
         "05_memory.ipynb",
         "06_sampling.ipynb",
+        "07_serving.ipynb",
     ]
 
 
