@@ -173,7 +173,7 @@ def test_64_concurrent_streams(server, llm) -> None:
     ]
     assert len(prompts) == 64
     offline = llm.generate(prompts, greedy(12), use_tqdm=False)
-    iteration_tokens_before = metrics(server)
+    before = metrics(server)
 
     async def one(client: openai.AsyncOpenAI, prompt: str) -> str:
         stream = await client.completions.create(
@@ -188,16 +188,25 @@ def test_64_concurrent_streams(server, llm) -> None:
             return await asyncio.gather(*(one(client, p) for p in prompts))
 
     assert asyncio.run(burst()) == [o.outputs[0].text for o in offline]
-    # Each prompt is at most 8 tokens, so a step of more than 8 tokens served several
-    # requests at once: the engine batched the concurrent clients.
     after = metrics(server)
-    le8 = "vllm:iteration_tokens_total_bucket{le=8.0}"
-    total = "vllm:iteration_tokens_total_count{}"
-    assert all(len(o.prompt_token_ids) <= 8 for o in offline)
-    batched = (after[total] - after[le8]) - (
-        iteration_tokens_before[total] - iteration_tokens_before[le8]
+
+    def delta(key: str) -> float:
+        return after[key] - before[key]
+
+    # The counters match what was sent and received.
+    assert delta("vllm:prompt_tokens_total{}") == sum(len(o.prompt_token_ids) for o in offline)
+    assert delta("vllm:generation_tokens_total{}") == sum(
+        len(o.outputs[0].token_ids) for o in offline
     )
-    assert batched > 0
+    finished = [f"vllm:request_success_total{{finished_reason={r}}}" for r in ("stop", "length")]
+    assert sum(delta(k) for k in finished) == 64
+    # A step counts the prompt tokens of the requests that got their first token in it and
+    # one token per request that advanced. Each prompt is at most 8 tokens, so one request
+    # alone never makes a step of more than 9: steps above 16 tokens served several
+    # requests at once.
+    assert all(len(o.prompt_token_ids) <= 8 for o in offline)
+    le16 = "vllm:iteration_tokens_total_bucket{le=16.0}"
+    assert delta("vllm:iteration_tokens_total_count{}") - delta(le16) > 0
 
 
 def post(server, path: str, body: dict, key: str | None = API_KEY) -> httpx.Response:
