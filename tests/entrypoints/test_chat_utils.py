@@ -74,3 +74,27 @@ def test_template_errors_become_value_errors(demo_tokenizer) -> None:
     strict = "{{ raise_exception('roles must alternate') }}"
     with pytest.raises(ValueError, match="roles must alternate"):
         render_chat_prompt(demo_tokenizer, [{"role": "user", "content": "x"}], strict)
+
+
+def test_llm_chat_renders_like_the_server(demo_tokenizer) -> None:
+    from minivllm import LLM, SamplingParams
+
+    llm = LLM(str(demo_model_path()), device="cpu", dtype="float32", num_kv_blocks=64)
+    params = SamplingParams(temperature=0, max_tokens=6)
+    first = [{"role": "user", "content": "Who made the heaven?"}]
+    second = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Love is"}]
+    outs = llm.chat([first, second], params, use_tqdm=False)
+    assert len(outs) == 2
+    for conversation, out in zip((first, second), outs):
+        prompt = render_chat_prompt(demo_tokenizer, conversation)
+        assert out.prompt == prompt["prompt"]
+        assert out.prompt_token_ids == prompt["prompt_token_ids"]
+        [same] = llm.generate(prompt, params, use_tqdm=False)
+        assert same.outputs[0].token_ids == out.outputs[0].token_ids
+    # One conversation (a list of messages) gives one output.
+    [one] = llm.chat(first, params, use_tqdm=False)
+    assert one.outputs[0].token_ids == outs[0].outputs[0].token_ids
+    # A tokenizer without a template: a clear error before anything is queued.
+    llm.get_tokenizer().chat_template = None
+    with pytest.raises(ValueError, match="has no chat template"):
+        llm.chat(first, params, use_tqdm=False)
