@@ -42,6 +42,8 @@ class RequestResult:
     ttft: float = 0.0
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
+    start_time: float = 0.0
+    """``time.perf_counter()`` when the request was sent (one clock for the whole host)."""
 
 
 @dataclass
@@ -88,7 +90,7 @@ async def stream_completion(
                "stream": True, "stream_options": {"include_usage": True},
                "ignore_eos": True, "temperature": 0.0}
     num_chunks = 0
-    start = last = time.perf_counter()
+    start = last = result.start_time = time.perf_counter()
     try:
         async with client.stream("POST", target.endpoint, json=payload) as response:
             if response.status_code != 200:

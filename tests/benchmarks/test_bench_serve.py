@@ -156,6 +156,16 @@ def test_a_refused_request_is_a_failure_with_its_reason(demo_server) -> None:
     assert not results[1].success and results[1].error.startswith("HTTP 400")
 
 
+def test_max_concurrency_one_runs_the_requests_one_after_another(demo_server) -> None:
+    model = httpx.get(demo_server + "/v1/models").json()["data"][0]["id"]
+    target = Target(demo_server, "/v1/completions", model)
+    workload = Workload([[7] * 12, [8] * 12, [9] * 12], [6, 6, 6])
+    results, _ = run_requests(target, workload, math.inf, 1, 0)
+    assert [r.output_tokens for r in results] == [6, 6, 6]
+    spans = sorted((r.start_time, r.start_time + r.latency) for r in results)
+    assert all(prev_end <= start for (_, prev_end), (start, _) in zip(spans, spans[1:]))
+
+
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
     # No tokenizer, like the GPU benchmark's random checkpoint: chunks carry token ids only.
