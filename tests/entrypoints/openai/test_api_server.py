@@ -8,6 +8,7 @@ arguments. The engine-kill and shutdown tests start short-lived servers of their
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -269,37 +270,66 @@ def test_tokenize_detokenize(server, llm) -> None:
     assert bad.status_code == 400 and "tokens[1]" in bad.json()["error"]["message"]
 
 
-def test_disconnect_mid_stream_frees_the_kv_blocks(server, client) -> None:
-    def usage() -> tuple[float, float]:
-        m = metrics(server)
-        return m["vllm:kv_cache_usage_perc{}"], m["vllm:num_requests_running{}"]
+def _usage(server) -> tuple[float, float]:
+    m = metrics(server)
+    return m["vllm:kv_cache_usage_perc{}"], m["vllm:num_requests_running{}"]
 
+
+def _wait_idle(server, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _usage(server) != (0.0, 0.0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _usage(server) == (0.0, 0.0)
+
+
+LONG = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 200, "ignore_eos": True}
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def test_disconnect_mid_stream_frees_the_kv_blocks(server, client) -> None:
     assert_still_serving(client)
-    assert usage() == (0.0, 0.0)
-    body = {
-        "model": MODEL,
-        "prompt": PROMPTS[0],
-        "max_tokens": 200,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    headers = {"Authorization": f"Bearer {API_KEY}"}
+    _wait_idle(server)
+    generated = metrics(server)["vllm:generation_tokens_total{}"]
     with httpx.stream(
-        "POST", server.url + "/v1/completions", json=body, headers=headers, timeout=60
+        "POST",
+        server.url + "/v1/completions",
+        json={**LONG, "stream": True},
+        headers=AUTH,
+        timeout=60,
     ) as r:
         lines = []
         for line in r.iter_lines():
             if line.startswith("data: "):
                 lines.append(json.loads(line[6:]))
             if len(lines) == 3:
-                mid_stream = usage()  # (leaving the loop closes the connection)
+                mid_stream = _usage(server)  # (leaving the loop closes the connection)
                 break
     assert lines[-1]["choices"][0]["finish_reason"] is None  # cut mid-stream
     assert mid_stream[0] > 0.0 and mid_stream[1] == 1.0
-    deadline = time.monotonic() + 10
-    while usage() != (0.0, 0.0) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert usage() == (0.0, 0.0)
+    _wait_idle(server)
+    # Aborted, not run to its end.
+    assert metrics(server)["vllm:generation_tokens_total{}"] - generated < 200
+
+
+def test_disconnect_while_waiting_for_a_full_response_aborts(server) -> None:
+    _wait_idle(server)
+    generated = metrics(server)["vllm:generation_tokens_total{}"]
+
+    async def give_up_once_running() -> None:
+        async with httpx.AsyncClient(timeout=60) as http:
+            request = asyncio.ensure_future(
+                http.post(server.url + "/v1/completions", json=LONG, headers=AUTH)
+            )
+            while _usage(server)[1] != 1.0:
+                assert not request.done(), "the request finished before it was seen running"
+                await asyncio.sleep(0.01)
+            request.cancel()  # closes the connection
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+
+    asyncio.run(give_up_once_running())
+    _wait_idle(server)
+    assert metrics(server)["vllm:generation_tokens_total{}"] - generated < 200
 
 
 def test_dead_engine_core_is_a_500_and_health_503() -> None:
