@@ -242,6 +242,24 @@ def test_errors_then_still_serving(server, client, body, status, param, words) -
     assert_still_serving(client)
 
 
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"messages": [{"role": "user", "content": "x " * 400}]}, "messages", "maximum context"),
+        ({"messages": [{"content": "no role"}]}, "messages[0].role", "Field required"),
+        ({"messages": CHAT, "top_logprobs": 2}, "body", "top_logprobs needs logprobs"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, "text"),
+    ],
+    ids=["too-long", "no-role", "top-logprobs-alone", "image-part"],
+)
+def test_chat_errors_then_still_serving(server, client, body, param, words) -> None:
+    r = post(server, "/v1/chat/completions", {"model": MODEL, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert words in error["message"] and error["param"] == param
+    assert_still_serving(client)
+
+
 def test_auth(server, client) -> None:
     for key in (None, "sk-wrong"):
         r = post(server, "/v1/completions", {"model": MODEL, "prompt": "x"}, key=key)
