@@ -83,8 +83,6 @@ class OpenAIServing:
         models: The served model names (``GET /v1/models`` and the model check).
     """
 
-    request_id_prefix = "req"
-
     def __init__(self, engine_client: Any, models: OpenAIServingModels) -> None:
         self.engine_client = engine_client
         self.models = models
