@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     _add_bench_commands(bench_sub)
-    from minivllm.engine import trace_cli
+    from minivllm.tracing import cli as trace_cli
 
     tr = sub.add_parser("trace", help="run prompts under the engine tracer and save its pictures")
     trace_cli.add_trace_args(tr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minivllm.sample.logprobs import Logprob
+from minivllm.runner_outputs import Logprob
 
 PositionLogprobs = dict[int, Logprob]
 """One position's log-probabilities: token id -> ``Logprob(logprob, rank, decoded_token)``.

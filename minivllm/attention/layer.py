@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.attention.backends import AttentionBackend
+from minivllm.attention.selector import AttentionBackend
 from minivllm.forward_context import get_forward_context
 
 

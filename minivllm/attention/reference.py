@@ -3,7 +3,7 @@
 This file defines what paged attention *means* in minivllm. It is written for clarity,
 not speed: it gathers each sequence's keys and values through its block table into a
 contiguous tensor and runs ordinary causal attention over them. Every fast kernel
-(``triton_ops.py``) is tested against these two functions, and the engine uses them as
+(``backends/triton_attn.py``) is tested against these two functions, and the engine uses them as
 its CPU backend.
 
 Upstream counterparts: the cache write is ``reshape_and_cache_flash`` and the attention

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -29,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.benchmarks.common import measure_copy_bandwidth
+from minivllm.utils.math_utils import cdiv
 
 # Qwen3-0.6B attention: 16 query heads, 8 KV heads, head size 128; vLLM's block size 16.
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 16, 8, 128, 16
@@ -123,7 +123,7 @@ def _wall_ms(fn: Callable[[], object], max_s: float) -> tuple[float | None, str]
 
 def make_paged_kv(num_seqs: int, seq_len: int, gen: torch.Generator) -> dict:
     """Random paged K/V for ``num_seqs`` sequences of ``seq_len`` tokens, shuffled blocks."""
-    blocks_per_seq = math.ceil(seq_len / BLOCK_SIZE)
+    blocks_per_seq = cdiv(seq_len, BLOCK_SIZE)
     num_blocks = num_seqs * blocks_per_seq
     shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
     k = torch.randn(shape, dtype=DTYPE, device="cuda", generator=gen)
@@ -145,7 +145,8 @@ def contiguous_kv(paged: dict, num_seqs: int, seq_len: int) -> tuple[torch.Tenso
 
 def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> dict:
     """One decode step of ``batch`` sequences whose context is ``context`` tokens."""
-    from minivllm.attention import reference, triton_ops
+    from minivllm.attention import reference
+    from minivllm.attention.backends import triton_attn
 
     gen = torch.Generator(device="cuda").manual_seed(batch * 100003 + context)
     paged = make_paged_kv(batch, context, gen)
@@ -158,7 +159,7 @@ def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> 
             scale)
 
     def paged_fn() -> None:
-        triton_ops.paged_attention(*args, out=out, max_query_len=1, max_seq_len=context)
+        triton_attn.paged_attention(*args, out=out, max_query_len=1, max_seq_len=context)
 
     t_paged = _bench_graph(paged_fn)
     t_paged_eager = _bench(paged_fn)
@@ -203,7 +204,7 @@ def bench_prefill(batch: int, prefix: int, new: int) -> dict:
     """Prefill (``prefix == 0``) or a chunk of ``new`` tokens over a cached prefix."""
     from torch.nn.attention.bias import causal_lower_right
 
-    from minivllm.attention import triton_ops
+    from minivllm.attention.backends import triton_attn
 
     seq_len = prefix + new
     gen = torch.Generator(device="cuda").manual_seed(seq_len * 7 + batch)
@@ -215,7 +216,7 @@ def bench_prefill(batch: int, prefix: int, new: int) -> dict:
     out = torch.empty_like(q)
 
     def paged_fn() -> None:
-        triton_ops.paged_attention(q, paged["key_cache"], paged["value_cache"],
+        triton_attn.paged_attention(q, paged["key_cache"], paged["value_cache"],
                                    paged["block_table"], seq_lens, starts, scale, out=out,
                                    max_query_len=new, max_seq_len=seq_len)
 
@@ -246,7 +247,7 @@ def bench_prefill(batch: int, prefix: int, new: int) -> dict:
 
 def _host_overheads() -> dict:
     """Host cost of one call: the registered op vs the bare launcher (a tiny decode)."""
-    from minivllm.attention import triton_ops
+    from minivllm.attention.backends import triton_attn
     from minivllm.attention.triton_unified_attention import (
         launch_unified_attention,
         select_config,
@@ -263,7 +264,7 @@ def _host_overheads() -> dict:
                         num_kv_heads=NUM_KV_HEADS, max_query_len=1, max_seq_len=512,
                         device=q.device, num_kv_splits=1)
     return {
-        "custom_op": host_overhead_us(lambda: triton_ops.paged_attention(
+        "custom_op": host_overhead_us(lambda: triton_attn.paged_attention(
             *args, 0.1, out=out, max_query_len=1, max_seq_len=512, num_kv_splits=1)),
         "bare_launcher": host_overhead_us(lambda: launch_unified_attention(
             *args, out, 0.1, cfg)),

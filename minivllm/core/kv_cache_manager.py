@@ -22,14 +22,10 @@ from typing import TYPE_CHECKING
 
 from minivllm.core.block_pool import BlockEvent, BlockPool
 from minivllm.core.kv_cache_utils import KVCacheBlock
+from minivllm.utils.math_utils import cdiv
 
 if TYPE_CHECKING:
     from minivllm.request import Request
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division: blocks needed for ``a`` tokens at ``b`` tokens per block."""
-    return -(-a // b)
 
 
 @dataclass

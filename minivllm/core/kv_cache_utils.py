@@ -18,13 +18,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from minivllm.request import BlockHash
+
 if TYPE_CHECKING:
     import torch
 
     from minivllm.request import Request
-
-BlockHash = bytes
-"""SHA-256 digest of one full block of tokens, chained to every block before it."""
 
 NONE_HASH: BlockHash = hashlib.sha256(b"minivllm prefix-cache root").digest()
 """The parent hash of the first block of every sequence.

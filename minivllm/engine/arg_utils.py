@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from minivllm.attention.backends import BACKEND_NAMES
+from minivllm.attention.selector import BACKEND_NAMES
 from minivllm.config import (
     CacheConfig,
     ModelConfig,

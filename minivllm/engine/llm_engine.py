@@ -28,8 +28,8 @@ from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.executor.abstract import Executor
 from minivllm.outputs import RequestOutput
 from minivllm.request import Request, RequestStatus
+from minivllm.runner_outputs import AsyncModelRunnerOutput as AsyncOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)

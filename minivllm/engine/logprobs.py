@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from minivllm.sample.logprobs import Logprob, LogprobsLists, make_position_logprobs
+from minivllm.runner_outputs import Logprob, LogprobsLists
+from minivllm.sample.logprobs import make_position_logprobs
 
 PositionLogprobs = dict[int, Logprob]
 

@@ -12,9 +12,10 @@ from abc import ABC, abstractmethod
 
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
+from minivllm.runner_outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.kv_cache import KVCacheSpec
-from minivllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+from minivllm.worker.model_runner import ModelRunner
 
 
 class Executor(ABC):
@@ -55,7 +56,7 @@ class Executor(ABC):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one scheduled step on every rank; return the sampled tokens."""
 
-    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncOutput:
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
         """Queue one step and return a handle to its output.
 
         This default runs the step to completion first (the handle is already done);

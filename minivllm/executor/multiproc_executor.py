@@ -34,10 +34,10 @@ from typing import Any
 
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
+from minivllm.core.step_message import StepMessageEncoder
 from minivllm.distributed.utils import get_distributed_init_method, get_open_port
 from minivllm.executor.abstract import Executor
-from minivllm.executor.step_message import StepMessageEncoder
-from minivllm.worker.model_runner import ModelRunnerOutput
+from minivllm.runner_outputs import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.executor.abstract import Executor
-from minivllm.worker.async_utils import AsyncOutput
-from minivllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+from minivllm.runner_outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from minivllm.worker.model_runner import ModelRunner
 
 
 class UniProcExecutor(Executor):
@@ -34,6 +34,6 @@ class UniProcExecutor(Executor):
         """Run the step in this process."""
         return self.model_runner.execute_model(scheduler_output)
 
-    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncOutput:
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
         """Queue the step on this process's device and return before it finishes."""
         return self.model_runner.execute_model_async(scheduler_output)

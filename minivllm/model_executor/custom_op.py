@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from minivllm.attention.backends import triton_available
+from minivllm.attention.selector import triton_available
 
 #: Environment switch: ``MINIVLLM_NATIVE_OPS=1`` makes every CustomOp run forward_native.
 NATIVE_OPS_ENV = "MINIVLLM_NATIVE_OPS"
@@ -122,7 +122,7 @@ class CustomOp(nn.Module):
 # ---------------------------------------------------------------------------------------
 
 # One library fragment for the layer kernels ("FRAGMENT": the namespace minivllm is shared
-# with the attention ops of minivllm/attention/triton_ops.py). The ops live as long as
+# with the attention ops of minivllm/attention/backends/triton_attn.py). The ops live as long as
 # this object does, hence a module-level reference.
 _LIBRARY = torch.library.Library("minivllm", "FRAGMENT")
 

@@ -1,8 +1,9 @@
 """Log-probabilities: computed on the device, handed to the engine as plain lists.
 
 Upstream counterparts: ``Sampler.compute_logprobs`` and ``Sampler.gather_logprobs`` in
-``vllm/v1/sample/sampler.py``, ``LogprobsTensors`` / ``LogprobsLists`` in
-``vllm/v1/outputs.py`` and ``Logprob`` in ``vllm/logprobs.py``.
+``vllm/v1/sample/sampler.py``. The containers they fill (``LogprobsTensors``,
+``LogprobsLists``, ``Logprob``) are in ``minivllm/runner_outputs.py``, as upstream keeps
+them in ``vllm/v1/outputs.py`` and ``vllm/logprobs.py``.
 
 Which distribution? vLLM's default ``logprobs_mode`` is ``"raw_logprobs"``: the
 log-softmax of the model's logits *before* penalties, temperature and the top-k/top-p/
@@ -13,57 +14,9 @@ implements only that mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass
-class Logprob:
-    """One token's log-probability at one position, as vLLM returns it.
-
-    Attributes:
-        logprob: Natural-log probability under the raw (unprocessed) distribution.
-        rank: 1-based rank of the token in that distribution (1 = most likely).
-        decoded_token: The token's text, or None without a tokenizer.
-    """
-
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-@dataclass
-class LogprobsLists:
-    """Per-row logprobs as Python lists, for the engine.
-
-    Row ``i`` describes one position: ``token_ids[i][0]`` is the token that was sampled
-    (or, for a prompt, the prompt's next token) and ``token_ids[i][1:]`` the top-N in
-    decreasing order; ``logprobs`` matches it and ``ranks[i]`` is the rank of the first.
-    """
-
-    token_ids: list[list[int]]
-    logprobs: list[list[float]]
-    ranks: list[int]
-
-
-@dataclass
-class LogprobsTensors:
-    """The device-side form of ``LogprobsLists``.
-
-    Attributes:
-        token_ids: ``[num_rows, 1 + num_logprobs]`` int64.
-        logprobs: ``[num_rows, 1 + num_logprobs]`` float32.
-        ranks: ``[num_rows]`` int64.
-    """
-
-    token_ids: torch.Tensor
-    logprobs: torch.Tensor
-    ranks: torch.Tensor
-
-    def tolists(self) -> LogprobsLists:
-        """Copy to the host (one synchronisation for all three tensors' results)."""
-        return LogprobsLists(self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist())
+from minivllm.runner_outputs import Logprob, LogprobsTensors
 
 
 def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:

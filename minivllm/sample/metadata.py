@@ -17,7 +17,7 @@ import torch
 
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingType
-from minivllm.worker.async_utils import copy_to_device
+from minivllm.utils.torch_utils import copy_to_device
 
 
 @dataclass

@@ -19,25 +19,12 @@ through the LM head too. Two consequences shape the design, the same ones vLLM h
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from minivllm.core.sched_output import SchedulerOutput
-from minivllm.sample.logprobs import LogprobsLists, compute_logprobs, gather_logprobs
-
-
-@dataclass
-class PromptLogprobsChunk:
-    """Prompt logprobs computed in one step for one request.
-
-    Attributes:
-        start: Position of the first row; row ``i`` scores prompt token ``start + i + 1``.
-        lists: Row ``i``: the prompt token ``start + i + 1`` first, then the top-N.
-    """
-
-    start: int
-    lists: LogprobsLists
+from minivllm.runner_outputs import PromptLogprobsChunk
+from minivllm.sample.logprobs import compute_logprobs, gather_logprobs
 
 
 def compute_prompt_logprobs(

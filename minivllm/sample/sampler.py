@@ -20,30 +20,15 @@ The order is vLLM's, and it matters:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from minivllm.runner_outputs import SamplerOutput
 from minivllm.sample.logits_processors import apply_min_p, apply_min_tokens
-from minivllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
+from minivllm.sample.logprobs import compute_logprobs, gather_logprobs
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.penalties import apply_penalties
 from minivllm.sample.topk_topp_sampler import apply_top_k_top_p, random_sample
-
-
-@dataclass
-class SamplerOutput:
-    """What the sampler returns for one step.
-
-    Attributes:
-        sampled_token_ids: ``[num_reqs]`` int64, on the device.
-        logprobs_tensors: Sampled token's and top-N raw logprobs per row, or None when
-            no row asked for logprobs.
-    """
-
-    sampled_token_ids: torch.Tensor
-    logprobs_tensors: LogprobsTensors | None = None
 
 
 class Sampler(nn.Module):

@@ -1,7 +1,9 @@
 """A step's output that is still being computed: the handle async scheduling waits on.
 
 Upstream counterparts: ``AsyncOutput`` in ``vllm/v1/worker/gpu/async_utils.py`` (Model
-Runner V2) and ``AsyncGPUModelRunnerOutput`` in ``vllm/v1/worker/gpu_model_runner.py``.
+Runner V2) and ``AsyncGPUModelRunnerOutput`` in ``vllm/v1/worker/gpu_model_runner.py``,
+both implementations of ``AsyncModelRunnerOutput`` (``vllm/v1/outputs.py``; here
+``minivllm/runner_outputs.py``), the interface the executor and the engine see.
 
 ``ModelRunner.execute_model_async`` only *queues* a step on the GPU: the forward pass,
 the sampler, and a copy of the sampled ids into page-locked host memory. It returns at
@@ -12,17 +14,12 @@ CUDA event recorded after the copy, and only then turns the ids into Python ints
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from minivllm.sample.logprobs import LogprobsTensors
-    from minivllm.worker.model_runner import ModelRunnerOutput
+from minivllm.runner_outputs import AsyncModelRunnerOutput, LogprobsTensors, ModelRunnerOutput
 
 
-class AsyncOutput:
+class AsyncOutput(AsyncModelRunnerOutput):
     """The sampled tokens of one queued step, readable once the device has them.
 
     Args:
@@ -64,28 +61,3 @@ class AsyncOutput:
             self._ready = True
             self._sampled_cpu = self._logprobs_tensors = None
         return self._output
-
-
-def copy_to_device(
-    arrays: list[np.ndarray], dtype: type, device: torch.device
-) -> list[torch.Tensor]:
-    """Send several host arrays to ``device`` in one copy that never makes the host wait.
-
-    From ordinary (pageable) memory, CUDA may stage a host-to-device copy synchronously,
-    stalling the host until the device has caught up with everything queued before it,
-    which is exactly the wait async scheduling is meant to remove. So the arrays are
-    packed into one temporary page-locked buffer (Model Runner V2's approach; torch's
-    caching host allocator keeps it alive until the copy has run) and copied at once;
-    the results are views of one device buffer, each with its array's shape.
-    """
-    flat = np.concatenate([a.ravel() for a in arrays]).astype(dtype, copy=False)
-    host = torch.from_numpy(flat)
-    if device.type == "cuda":
-        packed = host.pin_memory().to(device, non_blocking=True)
-    else:
-        packed = host.to(device)
-    out, offset = [], 0
-    for a in arrays:
-        out.append(packed[offset : offset + a.size].view(a.shape))
-        offset += a.size
-    return out

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from minivllm.forward_context import AttentionMetadata, set_forward_context
+from minivllm.utils.math_utils import cdiv
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class CUDAGraphRunner:
         self.max_model_len = max_model_len
         self.capture_sizes = default_capture_sizes(max_num_seqs)
         n = self.capture_sizes[-1]
-        max_blocks = -(-max_model_len // block_size)
+        max_blocks = cdiv(max_model_len, block_size)
         i32 = dict(dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)

@@ -12,15 +12,15 @@ in all layers at once.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from minivllm.attention.backends import AttentionBackend
 from minivllm.attention.layer import Attention
+from minivllm.attention.selector import AttentionBackend
 from minivllm.core.kv_cache_utils import get_num_blocks, page_size_bytes
+from minivllm.utils.math_utils import cdiv
 
 _GIB = 1 << 30
 
@@ -57,7 +57,7 @@ def cpu_default_num_blocks(
     """Pool size on the CPU: ``space_gib`` of cache, but never more blocks than
     ``max_num_seqs`` full-length requests could ever hold (memory beyond that is idle)."""
     by_space = num_blocks_from_memory(spec, int(space_gib * _GIB))
-    useful = max_num_seqs * math.ceil(max_model_len / spec.block_size)
+    useful = max_num_seqs * cdiv(max_model_len, spec.block_size)
     return max(1, min(by_space, useful))
 
 

@@ -18,18 +18,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from minivllm.attention.backends import get_attn_backend
+from minivllm.attention.selector import get_attn_backend
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.model_executor.loader import get_model
-from minivllm.sample.logprobs import LogprobsLists
+from minivllm.runner_outputs import ModelRunnerOutput
 from minivllm.sample.metadata import SamplingMetadata
-from minivllm.sample.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
+from minivllm.sample.prompt_logprobs import compute_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingType
-from minivllm.worker.async_utils import AsyncOutput, copy_to_device
+from minivllm.utils.torch_utils import copy_to_device
+from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.cuda_graph import CUDAGraphRunner
 from minivllm.worker.kv_cache import (
     KVCacheSpec,
@@ -40,24 +41,6 @@ from minivllm.worker.kv_cache import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ModelRunnerOutput:
-    """Tokens sampled in one step, aligned with ``SchedulerOutput.sampling_requests()``.
-
-    Attributes:
-        req_ids: The requests that sampled, in batch order.
-        sampled_token_ids: One token per request.
-        logprobs: Row ``i``: raw logprobs of request ``i``'s sampled token and the
-            batch's top-N; None when no request asked for logprobs.
-        prompt_logprobs: request id -> prompt logprobs computed this step.
-    """
-
-    req_ids: list[str]
-    sampled_token_ids: list[int]
-    logprobs: LogprobsLists | None = None
-    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
 
 
 @dataclass

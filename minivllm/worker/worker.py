@@ -17,13 +17,14 @@ import os
 import torch
 
 from minivllm.config import VllmConfig
+from minivllm.core.step_message import RequestMirror, StepMessage
 from minivllm.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
 )
-from minivllm.executor.step_message import RequestMirror, StepMessage
+from minivllm.runner_outputs import ModelRunnerOutput
 from minivllm.worker.kv_cache import KVCacheSpec
-from minivllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+from minivllm.worker.model_runner import ModelRunner
 
 
 class Worker:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.attention.backends import get_attn_backend
 from minivllm.attention.layer import Attention
+from minivllm.attention.selector import get_attn_backend
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from minivllm.request import Request
-from minivllm.sample.logprobs import Logprob, gather_logprobs, make_position_logprobs
+from minivllm.runner_outputs import Logprob
+from minivllm.sample.logprobs import gather_logprobs, make_position_logprobs
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams

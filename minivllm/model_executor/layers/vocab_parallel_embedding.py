@@ -22,6 +22,7 @@ from minivllm.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
 )
 from minivllm.model_executor.weight_utils import check_shape
+from minivllm.utils.math_utils import cdiv
 
 
 def get_masked_input_and_mask(
@@ -58,7 +59,7 @@ class VocabParallelEmbedding(nn.Module):
         self.embedding_dim = embedding_dim
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
-        self.num_embeddings_per_partition = -(-num_embeddings // self.tp_size)
+        self.num_embeddings_per_partition = cdiv(num_embeddings, self.tp_size)
         self.num_embeddings_padded = self.num_embeddings_per_partition * self.tp_size
         self.vocab_start_index = min(
             self.tp_rank * self.num_embeddings_per_partition, num_embeddings

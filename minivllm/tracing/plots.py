@@ -1,6 +1,6 @@
 """Pictures of an engine trace: batch composition, block tables, KV usage over time.
 
-Each helper draws one picture from an :class:`~minivllm.engine.tracer.EngineTracer` (or
+Each helper draws one picture from an :class:`~minivllm.tracing.tracer.EngineTracer` (or
 one snapshot of the KV pool) with matplotlib, and returns the figure so a notebook shows
 it and ``minivllm trace`` saves it. matplotlib is imported lazily: the engine itself
 never needs it (``pip install matplotlib``, part of the ``test`` extra).
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minivllm.engine.tracer import EngineTracer, KVSnapshot, StepRecord
+from minivllm.tracing.tracer import EngineTracer, KVSnapshot, StepRecord
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

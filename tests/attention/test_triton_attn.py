@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.attention import reference, triton_ops
+from minivllm.attention import reference
 from minivllm.attention import triton_unified_attention as tua
+from minivllm.attention.backends import triton_attn
 from minivllm.attention.triton_decode_split import MIN_TOKENS_PER_SEGMENT, choose_num_segments
 from minivllm.attention.triton_unified_attention import select_config
 from tests.attention.paged_batch import PagedBatch, make_paged_batch
@@ -74,7 +75,7 @@ def _write_cache_both_ways(b: PagedBatch) -> None:
     """Write K/V with the Triton op and with the oracle (on copies); caches must be equal."""
     ref_k, ref_v = b.key_cache.clone(), b.value_cache.clone()
     reference.reshape_and_cache(b.key, b.value, ref_k, ref_v, b.slot_mapping)
-    triton_ops.reshape_and_cache(b.key, b.value, b.key_cache, b.value_cache, b.slot_mapping)
+    triton_attn.reshape_and_cache(b.key, b.value, b.key_cache, b.value_cache, b.slot_mapping)
     assert torch.equal(b.key_cache, ref_k)
     assert torch.equal(b.value_cache, ref_v)
 
@@ -90,7 +91,7 @@ def test_cache_write_and_attention_match_reference(case: tuple) -> None:
     out = torch.full_like(b.query, float("nan"))  # poison: unwritten elements stay NaN
     hint_kwargs = {"max_query_len": b.max_query_len, "max_seq_len": b.max_seq_len} if hints \
         else {}
-    result = triton_ops.paged_attention(
+    result = triton_attn.paged_attention(
         b.query, b.key_cache, b.value_cache, b.block_table, b.seq_lens, b.query_start_loc,
         b.scale, out=out, num_kv_splits=splits, **hint_kwargs,
     )
@@ -101,7 +102,7 @@ def test_cache_write_and_attention_match_reference(case: tuple) -> None:
 def test_paged_attention_allocates_output_when_none_given() -> None:
     b = make_paged_batch(BATCHES["mixed"], block_size=16, num_kv_heads=1, group=2,
                          head_size=64, dtype=torch.float32, device=DEVICE, seed=7)
-    out = triton_ops.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+    out = triton_attn.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                      b.seq_lens, b.query_start_loc, b.scale)
     ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                     b.seq_lens, b.query_start_loc, b.scale)
@@ -119,7 +120,7 @@ def test_reshape_and_cache_skips_negative_slots_and_casts() -> None:
     ref_k, ref_v = key_cache.clone(), value_cache.clone()
     before = key_cache.clone()
     reference.reshape_and_cache(key, value, ref_k, ref_v, slots)
-    triton_ops.reshape_and_cache(key, value, key_cache, value_cache, slots)
+    triton_attn.reshape_and_cache(key, value, key_cache, value_cache, slots)
     # Natively the store rounds to nearest-even, exactly like torch's .to(); the Triton
     # interpreter truncates float32 -> bf16 instead, so there allow one bf16 step (2^-7).
     tol = 0.0 if DEVICE == "cuda" else 2.0**-7
@@ -153,14 +154,14 @@ def test_paged_attention_rejects_bad_arguments(kwargs: dict, match: str) -> None
     }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        triton_ops.paged_attention(**args)
+        triton_attn.paged_attention(**args)
 
 
 def test_reshape_and_cache_rejects_bad_slot_mapping() -> None:
     key = torch.randn(3, 2, 64)
     cache = torch.randn(4, 8, 2, 64)
     with pytest.raises(ValueError, match="slot_mapping"):
-        triton_ops.reshape_and_cache(key, key, cache, cache.clone(), torch.zeros(2).long())
+        triton_attn.reshape_and_cache(key, key, cache, cache.clone(), torch.zeros(2).long())
 
 
 def test_split_heuristic() -> None:
@@ -235,8 +236,8 @@ def test_ops_compose_with_torch_compile() -> None:
                                     b.query_start_loc, b.scale)
 
     def step(q, k, v, k_cache, v_cache, slots, table, lens, starts):
-        triton_ops.reshape_and_cache(k, v, k_cache, v_cache, slots)
-        return triton_ops.paged_attention(q, k_cache, v_cache, table, lens, starts, b.scale,
+        triton_attn.reshape_and_cache(k, v, k_cache, v_cache, slots)
+        return triton_attn.paged_attention(q, k_cache, v_cache, table, lens, starts, b.scale,
                                           max_query_len=13, max_seq_len=33) * 2.0
 
     # aot_eager traces through the fake implementations and functionalizes the in-place
@@ -255,9 +256,9 @@ def test_ops_replay_in_a_cuda_graph() -> None:
     out = torch.full_like(b.query, float("nan"))
 
     def step() -> None:
-        triton_ops.reshape_and_cache(b.key, b.value, b.key_cache, b.value_cache,
+        triton_attn.reshape_and_cache(b.key, b.value, b.key_cache, b.value_cache,
                                      b.slot_mapping)
-        triton_ops.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+        triton_attn.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                    b.seq_lens, b.query_start_loc, b.scale, out=out,
                                    max_query_len=1, max_seq_len=4096)
 

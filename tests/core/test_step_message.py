@@ -12,7 +12,7 @@ import pickle
 from minivllm.config import SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
-from minivllm.executor.step_message import RequestMirror, StepMessageEncoder
+from minivllm.core.step_message import RequestMirror, StepMessageEncoder
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
 

@@ -65,10 +65,10 @@ def run_trace(ns: argparse.Namespace) -> int:
     matplotlib.use("Agg")  # files only; never open a window
 
     from minivllm.cli import engine_args_from_namespace
-    from minivllm.engine.trace_plots import save_trace_figures
-    from minivllm.engine.tracer import trace
     from minivllm.llm import LLM
     from minivllm.sampling_params import SamplingParams
+    from minivllm.tracing.plots import save_trace_figures
+    from minivllm.tracing.tracer import trace
 
     if ns.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {ns.max_tokens}")

@@ -1,10 +1,10 @@
-"""Attention backends: which implementation of the two paged-attention ops runs.
+"""The attention backend selector: which implementation of the two paged-attention ops runs.
 
 Upstream counterpart: ``vllm/v1/attention/selector.py`` picks one of many backend
 classes (FlashAttention, FlashInfer, Triton, ...). minivllm has two, with identical
 signatures: the torch oracle in ``reference.py`` and the Triton kernels in
-``triton_ops.py``. ``"auto"`` picks Triton on CUDA and the torch backend on the CPU,
-where interpreted Triton would be correct but slow.
+``backends/triton_attn.py``. ``"auto"`` picks Triton on CUDA and the torch backend on
+the CPU, where interpreted Triton would be correct but slow.
 """
 
 from __future__ import annotations
@@ -85,9 +85,11 @@ def get_attn_backend(name: str, device: torch.device) -> AttentionBackend:
         ok, why = triton_available()
         if not ok:
             raise ValueError(f"attention_backend='triton' is unavailable: {why}")
-        from minivllm.attention import triton_ops
+        from minivllm.attention.backends import triton_attn
 
-        return AttentionBackend("triton", triton_ops.reshape_and_cache, triton_ops.paged_attention)
+        return AttentionBackend(
+            "triton", triton_attn.reshape_and_cache, triton_attn.paged_attention
+        )
     from minivllm.attention import reference
 
     return AttentionBackend("torch", reference.reshape_and_cache, _reference_paged_attention)

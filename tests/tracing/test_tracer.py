@@ -21,7 +21,9 @@ from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_cache_utils import get_request_block_hasher
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.scheduler import Scheduler
-from minivllm.engine.tracer import (
+from minivllm.request import Request
+from minivllm.sampling_params import SamplingParams
+from minivllm.tracing.tracer import (
     BlockCounts,
     EngineTracer,
     StepRecord,
@@ -29,8 +31,6 @@ from minivllm.engine.tracer import (
     snapshot_kv,
     trace,
 )
-from minivllm.request import Request
-from minivllm.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 
 BLOCK_SIZE = 4
@@ -229,7 +229,7 @@ def test_plots_and_cli_write_pictures(tiny_llama: Path, tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
 
     from minivllm.cli import main
-    from minivllm.engine.trace_plots import (
+    from minivllm.tracing.plots import (
         busiest_step,
         plot_batch_timeline,
         plot_block_table,

@@ -3,7 +3,7 @@
 vLLM exposes the same facts as Prometheus counters and KV-cache events
 (``vllm/v1/metrics/``, ``BlockPool.take_events``) for dashboards; minivllm keeps them per
 step, per request and per block, so that a reader can *see* continuous batching, chunked
-prefill, preemption and prefix caching happen (``trace_plots.py`` draws them).
+prefill, preemption and prefix caching happen (``plots.py`` draws them).
 
 Usage::
 

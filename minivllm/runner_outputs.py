@@ -1,0 +1,126 @@
+"""What the model runner hands back: plain result types every layer above it may import.
+
+Upstream counterpart: ``vllm/v1/outputs.py`` (``ModelRunnerOutput``,
+``AsyncModelRunnerOutput``, ``SamplerOutput``, ``LogprobsLists``, ``LogprobsTensors``),
+plus ``Logprob`` from ``vllm/logprobs.py``. It is named apart from
+``minivllm/outputs.py``, which is upstream's ``vllm/outputs.py`` (what ``LLM.generate``
+returns to the user).
+
+These types sit below ``worker``, ``sample``, ``executor`` and ``engine`` so that each of
+them can name a step's result without importing the package that computes it: the
+sampler returns a ``SamplerOutput`` without knowing the runner, and the engine reads a
+``ModelRunnerOutput`` without knowing the worker. Only containers live here; the code
+that fills them stays with its package (``sample/logprobs.py``, ``worker/``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Logprob:
+    """One token's log-probability at one position, as vLLM returns it.
+
+    Attributes:
+        logprob: Natural-log probability under the raw (unprocessed) distribution.
+        rank: 1-based rank of the token in that distribution (1 = most likely).
+        decoded_token: The token's text, or None without a tokenizer.
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class LogprobsLists:
+    """Per-row logprobs as Python lists, for the engine.
+
+    Row ``i`` describes one position: ``token_ids[i][0]`` is the token that was sampled
+    (or, for a prompt, the prompt's next token) and ``token_ids[i][1:]`` the top-N in
+    decreasing order; ``logprobs`` matches it and ``ranks[i]`` is the rank of the first.
+    """
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
+@dataclass
+class LogprobsTensors:
+    """The device-side form of ``LogprobsLists``.
+
+    Attributes:
+        token_ids: ``[num_rows, 1 + num_logprobs]`` int64.
+        logprobs: ``[num_rows, 1 + num_logprobs]`` float32.
+        ranks: ``[num_rows]`` int64.
+    """
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    ranks: torch.Tensor
+
+    def tolists(self) -> LogprobsLists:
+        """Copy to the host (one synchronisation for all three tensors' results)."""
+        return LogprobsLists(self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist())
+
+
+@dataclass
+class PromptLogprobsChunk:
+    """Prompt logprobs computed in one step for one request.
+
+    Attributes:
+        start: Position of the first row; row ``i`` scores prompt token ``start + i + 1``.
+        lists: Row ``i``: the prompt token ``start + i + 1`` first, then the top-N.
+    """
+
+    start: int
+    lists: LogprobsLists
+
+
+@dataclass
+class SamplerOutput:
+    """What the sampler returns for one step.
+
+    Attributes:
+        sampled_token_ids: ``[num_reqs]`` int64, on the device.
+        logprobs_tensors: Sampled token's and top-N raw logprobs per row, or None when
+            no row asked for logprobs.
+    """
+
+    sampled_token_ids: torch.Tensor
+    logprobs_tensors: LogprobsTensors | None = None
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Tokens sampled in one step, aligned with ``SchedulerOutput.sampling_requests()``.
+
+    Attributes:
+        req_ids: The requests that sampled, in batch order.
+        sampled_token_ids: One token per request.
+        logprobs: Row ``i``: raw logprobs of request ``i``'s sampled token and the
+            batch's top-N; None when no request asked for logprobs.
+        prompt_logprobs: request id -> prompt logprobs computed this step.
+    """
+
+    req_ids: list[str]
+    sampled_token_ids: list[int]
+    logprobs: LogprobsLists | None = None
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+
+
+class AsyncModelRunnerOutput(ABC):
+    """A step's ``ModelRunnerOutput`` that may still be computing on the device.
+
+    The handle async scheduling waits on; the CUDA-event implementation is
+    ``minivllm.worker.async_utils.AsyncOutput``.
+    """
+
+    @abstractmethod
+    def get_output(self) -> ModelRunnerOutput:
+        """Wait until the step's results are on the host and return them (idempotent)."""

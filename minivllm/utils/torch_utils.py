@@ -1,0 +1,37 @@
+"""Torch helpers used by more than one package.
+
+Upstream counterpart: ``vllm/utils/torch_utils.py`` (its pinned-memory and
+``async_tensor_h2d`` helpers); the packing into one page-locked buffer follows Model
+Runner V2 (``vllm/v1/worker/gpu/``). The sampler's metadata (``sample/``) and the model
+runner (``worker/``) both use it, so it lives below both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def copy_to_device(
+    arrays: list[np.ndarray], dtype: type, device: torch.device
+) -> list[torch.Tensor]:
+    """Send several host arrays to ``device`` in one copy that never makes the host wait.
+
+    From ordinary (pageable) memory, CUDA may stage a host-to-device copy synchronously,
+    stalling the host until the device has caught up with everything queued before it,
+    which is exactly the wait async scheduling is meant to remove. So the arrays are
+    packed into one temporary page-locked buffer (Model Runner V2's approach; torch's
+    caching host allocator keeps it alive until the copy has run) and copied at once;
+    the results are views of one device buffer, each with its array's shape.
+    """
+    flat = np.concatenate([a.ravel() for a in arrays]).astype(dtype, copy=False)
+    host = torch.from_numpy(flat)
+    if device.type == "cuda":
+        packed = host.pin_memory().to(device, non_blocking=True)
+    else:
+        packed = host.to(device)
+    out, offset = [], 0
+    for a in arrays:
+        out.append(packed[offset : offset + a.size].view(a.shape))
+        offset += a.size
+    return out
