@@ -6,16 +6,18 @@ Upstream counterpart: ``vllm/entrypoints/llm.py`` (``LLM``, ``LLM.generate``,
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from minivllm.engine import EngineCoreRequest
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
-from minivllm.request import Request
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -31,6 +33,7 @@ class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
         self.engine_args = EngineArgs.from_kwargs(model, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(self.engine_args)
+        self._lock = threading.Lock()
 
     def get_tokenizer(self) -> Any:
         """The Hugging Face tokenizer, or None when the model folder has none."""
@@ -78,9 +81,20 @@ class LLM:
                 raise ValueError(
                     f"sampling_params has {len(params_list)} entries for {len(prompts)} prompts"
                 )
+        # LLM collects each request's one final output; streaming is AsyncLLM's job.
+        params_list = [_final_only(sp) for sp in params_list]
         # Validate every prompt before queueing any, so a bad one leaves nothing behind.
         requests = [self.llm_engine.process_inputs(p, sp) for p, sp in zip(prompts, params_list)]
         return self._run_engine(requests, use_tqdm)
+
+    def collective_rpc(self, method: Any, args: tuple = (), kwargs: dict | None = None) -> list:
+        """Run ``method`` on every model worker and return the results in rank order.
+
+        ``method`` is the name of a method of the worker (in-process: the model runner),
+        or, in-process only, a callable that receives the model runner first. Upstream
+        counterpart: ``LLM.collective_rpc``; benchmarks and tests reach the model this way.
+        """
+        return self.llm_engine.collective_rpc(method, args, kwargs)
 
     def chat(
         self,
@@ -110,20 +124,56 @@ class LLM:
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def _run_engine(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
-        order = {request.request_id: i for i, request in enumerate(requests)}
+    def _run_engine(
+        self, requests: list[tuple[str | None, EngineCoreRequest]], use_tqdm: bool
+    ) -> list[RequestOutput]:
+        # One caller at a time: the engine's state is not shared between threads.
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(
+                "LLM.generate is already running in another thread; an LLM serves one "
+                "caller at a time (use one LLM per thread, or AsyncLLM / `minivllm serve` "
+                "for concurrent requests)"
+            )
+        try:
+            return self._run_engine_locked(requests, use_tqdm)
+        finally:
+            self._lock.release()
+
+    def _run_engine_locked(
+        self, requests: list[tuple[str | None, EngineCoreRequest]], use_tqdm: bool
+    ) -> list[RequestOutput]:
+        engine = self.llm_engine
+        if engine.has_unfinished_requests():
+            raise RuntimeError(
+                "the engine has requests that LLM.generate did not add (through "
+                "llm.llm_engine.add_request): finish or abort them first"
+            )
+        order = {request.request_id: i for i, (_, request) in enumerate(requests)}
         outputs: list[RequestOutput | None] = [None] * len(order)
         try:
-            for request in requests:
-                self.llm_engine.add_processed_request(request)
+            for prompt, request in requests:
+                engine.add_processed_request(prompt, request)
             with tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm) as bar:
-                while self.llm_engine.has_unfinished_requests():
-                    for output in self.llm_engine.step():
-                        outputs[order[output.request_id]] = output
-                        bar.update(1)
+                while engine.has_unfinished_requests():
+                    for output in engine.step():
+                        if output.finished:
+                            outputs[order[output.request_id]] = output
+                            bar.update(1)
         except BaseException:
             # Ctrl-C or an error while queueing or running: leave no request of this call
             # behind to be picked up (and mis-attributed) by the next generate().
-            self.llm_engine.abort_request(order)
+            engine.abort_request(order)
             raise
         return [o for o in outputs if o is not None]
+
+
+def _final_only(params: SamplingParams) -> SamplingParams:
+    if not isinstance(params, SamplingParams):
+        raise ValueError(
+            f"sampling_params must be SamplingParams, got {type(params).__name__}"
+        )
+    if params.output_kind == RequestOutputKind.FINAL_ONLY:
+        return params
+    params = copy.copy(params)
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    return params

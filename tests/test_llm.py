@@ -11,7 +11,8 @@ from tests.tiny_models import make_tiny_model
 def _assert_nothing_allocated(llm: LLM) -> None:
     engine = llm.llm_engine
     assert not engine.has_unfinished_requests()
-    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_blocks
+    kv = engine.engine_core.engine_core.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_blocks
 
 
 def test_output_shape_and_order(llm: LLM) -> None:

@@ -117,17 +117,22 @@ class SchedulerOutput:
 
 @dataclass
 class SchedulerStats:
-    """A snapshot of the scheduler for logging and the engine's summary.
+    """A snapshot of the scheduler, sent with every step's outputs: the one source of
+    the engine's counters (its summary, the log line and the Prometheus metrics).
 
     Attributes:
         num_running_reqs: Requests admitted and holding KV blocks.
         num_waiting_reqs: Requests queued (new or preempted).
         kv_cache_usage: Fraction of KV blocks held by requests.
         num_preemptions: Preemptions since start.
-        num_steps: Calls to ``schedule()`` since start.
+        num_steps: Steps that scheduled a batch, since start.
         peak_blocks_in_use: Most KV blocks held at once since start.
         prefix_cache_queries: Prompt tokens looked up in the prefix cache.
         prefix_cache_hits: Of those, tokens found cached.
+        num_prompt_tokens: Prompt tokens of the requests added since start.
+        num_generation_tokens: Output tokens kept since start (async scheduling computes
+            one token past a stop and drops it; that one is not counted).
+        num_kv_blocks: Size of the KV pool.
     """
 
     num_running_reqs: int
@@ -138,6 +143,9 @@ class SchedulerStats:
     peak_blocks_in_use: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_kv_blocks: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -19,13 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from minivllm.config import SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.request_checks import check_new_request, num_blocks_needed
 from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput, SchedulerStats
 from minivllm.core.sched_utils import check_stop
 from minivllm.request import Request, RequestStatus
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _reaches_max_tokens(request: Request) -> bool:
@@ -55,7 +52,8 @@ class Scheduler:
         requests: Every unfinished request by id.
         finished_req_ids: Requests finished since the last ``schedule()``.
         num_preemptions: Preemptions since start.
-        num_steps: Calls to ``schedule()``.
+        num_steps: Calls to ``schedule()`` that scheduled a batch.
+        num_prompt_tokens: Prompt tokens of the requests added since start.
         num_generated_tokens: Output tokens appended to requests since start.
         peak_blocks_in_use: Most KV blocks held by requests at once.
     """
@@ -92,6 +90,7 @@ class Scheduler:
 
         self.num_preemptions = 0
         self.num_steps = 0
+        self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
         self.peak_blocks_in_use = 0
 
@@ -107,32 +106,27 @@ class Scheduler:
         rid = request.request_id
         if rid in self.requests:
             raise ValueError(f"request {rid}: the request id is already in use")
-        if request.num_prompt_tokens + 1 > self.max_model_len:
-            raise ValueError(
-                f"request {rid}: prompt of {request.num_prompt_tokens} tokens plus one generated "
-                f"token exceeds max_model_len={self.max_model_len}"
-            )
-        need = self.num_blocks_needed(request)
-        if need > self.kv_cache_manager.num_blocks:
-            raise ValueError(
-                f"KV pool too small for request {rid}: it may grow to {need} blocks of "
-                f"{self.kv_cache_manager.block_size} tokens but the pool has only "
-                f"{self.kv_cache_manager.num_blocks}; lower max_tokens or enlarge the pool"
-            )
+        kv = self.kv_cache_manager
+        check_new_request(
+            rid,
+            request.num_prompt_tokens,
+            request.max_tokens,
+            self.max_model_len,
+            kv.block_size,
+            kv.num_blocks,
+        )
         self.waiting.append(request)
         self.requests[rid] = request
+        self.num_prompt_tokens += request.num_prompt_tokens
 
     def num_blocks_needed(self, request: Request) -> int:
-        """Blocks the request holds at its longest, if it runs to its length limit.
-
-        It ends with ``min(prompt + max_tokens, max_model_len)`` tokens, and the K/V of
-        all but the last one are computed (the last sampled token is never fed back).
-        A request needing more than the whole pool would preempt itself forever, so
-        ``add_request`` refuses it. Any request that passes can always finish: once
-        everything admitted after it is preempted, it has the pool to itself.
-        """
-        final_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
-        return _cdiv(final_len - 1, self.kv_cache_manager.block_size)
+        """Blocks the request holds at its longest (see ``num_blocks_needed``)."""
+        return num_blocks_needed(
+            request.num_prompt_tokens,
+            request.max_tokens,
+            self.max_model_len,
+            self.kv_cache_manager.block_size,
+        )
 
     # ------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutput:
@@ -269,7 +263,7 @@ class Scheduler:
             s.request.num_computed_tokens += s.num_scheduled_tokens
             if s.needs_sample:
                 s.request.num_output_placeholders += 1
-        self.num_steps += 1
+        self.num_steps += bool(output.scheduled)
         kv = self.kv_cache_manager
         self.peak_blocks_in_use = max(self.peak_blocks_in_use, kv.num_blocks - kv.num_free_blocks)
 
@@ -388,4 +382,7 @@ class Scheduler:
             peak_blocks_in_use=self.peak_blocks_in_use,
             prefix_cache_queries=stats.queries,
             prefix_cache_hits=stats.hits,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=self.num_generated_tokens,
+            num_kv_blocks=kv.num_blocks,
         )

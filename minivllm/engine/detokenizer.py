@@ -67,6 +67,20 @@ class IncrementalDetokenizer:
         self.output_text += new_text
         return new_text
 
+    def flush(self) -> None:
+        """Append text still held back at the end: a character the last tokens left
+        incomplete, shown as U+FFFD, exactly as a one-shot ``decode`` of the ids shows it.
+
+        Called when a request finishes without a stop string, so the final text does
+        not depend on whether the request had stop strings or was streamed.
+        """
+        if self.read_offset == len(self.token_ids):
+            return
+        prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(self.token_ids[self.prefix_offset :])
+        self.output_text += full_text[len(prefix_text) :]
+        self.read_offset = len(self.token_ids)
+
     def update_and_check_stop(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         """Detokenize a step's new ids, then look for a stop string; return it if found.
 

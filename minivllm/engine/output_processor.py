@@ -1,26 +1,262 @@
-"""From sampled token ids to what the caller reads: text, logprobs, ``RequestOutput``.
+"""From the engine core's per-step token ids to what the caller reads.
 
-Upstream counterpart: ``vllm/v1/engine/output_processor.py`` (``OutputProcessor``, with
-``RequestState`` per request). Upstream runs it in the front-end process, away from the
-scheduler; here it is an object the engine calls after each step's tokens are appended.
-It owns the per-request state that only the output side needs: the incremental
-detokenizer (when there is a tokenizer), the logprobs processor (when logprobs were
-asked for), and the parent of each child of an ``n > 1`` request.
+Upstream counterpart: ``vllm/v1/engine/output_processor.py`` (``OutputProcessor``,
+``RequestState``, ``RequestOutputCollector``). It runs in the front end, beside the
+tokenizer: the core sends each request's new token ids (and logprob rows, and a finish
+reason when a token-level rule ended it); this side turns them into text, finds stop
+strings, keeps the request's statistics, and builds a ``RequestOutput`` in the shape
+the caller asked for with ``SamplingParams.output_kind``:
+
+* ``CUMULATIVE``: everything so far, every step;
+* ``DELTA``: only what is new since the previous output (what a stream sends);
+* ``FINAL_ONLY``: one output, when the request finishes (``LLM.generate``).
+
+A stop string is found here, in text, after the core has already moved on, so the
+processor reports the request in ``reqs_to_abort`` and the front end aborts it in the
+core. The status of a request inside the core is the scheduler's alone.
 """
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
+from minivllm.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.logprobs import LogprobsProcessor
 from minivllm.engine.parallel_sampling import ParentRequest
+from minivllm.metrics.stats import IterationStats, RequestStateStats
 from minivllm.outputs import CompletionOutput, RequestOutput
-from minivllm.request import Request, RequestStatus
+from minivllm.sampling_params import RequestOutputKind
+
+
+class RequestOutputCollector:
+    """The queue between the output handler and one ``AsyncLLM.generate`` caller.
+
+    Holds at most one item: a newer output replaces (``CUMULATIVE``, ``FINAL_ONLY``) or
+    is merged into (``DELTA``) one the caller has not taken yet, so a slow reader never
+    makes the engine buffer without bound. An exception put here is raised to the caller.
+    """
+
+    def __init__(self, output_kind: RequestOutputKind) -> None:
+        self.aggregate = output_kind == RequestOutputKind.DELTA
+        self.output: RequestOutput | BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: RequestOutput | BaseException) -> None:
+        """Hand over an output (or an error); never blocks."""
+        if (
+            self.aggregate
+            and isinstance(self.output, RequestOutput)
+            and isinstance(output, RequestOutput)
+        ):
+            _merge_delta(self.output, output)
+        elif not isinstance(self.output, BaseException):
+            self.output = output
+        self.ready.set()
+
+    async def get(self) -> RequestOutput:
+        """Wait for the next output; raise the error if one was put."""
+        while self.output is None:
+            await self.ready.wait()
+        output, self.output = self.output, None
+        self.ready.clear()
+        if isinstance(output, BaseException):
+            raise output
+        return output
+
+
+def _merge_delta(into: RequestOutput, new: RequestOutput) -> None:
+    """Append ``new``'s delta to an unread delta output, sample by sample."""
+    by_index = {c.index: c for c in into.outputs}
+    for c in new.outputs:
+        old = by_index.get(c.index)
+        if old is None:
+            into.outputs.append(c)
+            continue
+        old.text += c.text
+        old.token_ids = old.token_ids + c.token_ids
+        if c.logprobs is not None:
+            old.logprobs = (old.logprobs or []) + c.logprobs
+        old.cumulative_logprob = c.cumulative_logprob
+        old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
+    into.finished = new.finished
+    into.metrics = new.metrics
+    if into.prompt_logprobs is None:
+        into.prompt_logprobs = new.prompt_logprobs
+
+
+@dataclass
+class OutputProcessorOutput:
+    """What one step's processing produced.
+
+    Attributes:
+        request_outputs: Outputs for callers without a collector (``LLMEngine``).
+        reqs_to_abort: Requests a stop string ended: the core must abort them.
+    """
+
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    reqs_to_abort: list[str] = field(default_factory=list)
+
+
+class RequestState:
+    """The front end's view of one (child) request while it runs."""
+
+    def __init__(
+        self,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        tokenizer: Any,
+        parent: ParentRequest | None,
+        index: int,
+        queue: RequestOutputCollector | None,
+    ) -> None:
+        params = request.sampling_params
+        self.request_id = request.request_id
+        self.parent, self.index, self.queue = parent, index, queue
+        self.prompt, self.prompt_token_ids = prompt, request.prompt_token_ids
+        self.output_kind = params.output_kind
+        self.max_tokens_param = params.max_tokens
+        self.include_stop_str = params.include_stop_str_in_output
+        self.detokenizer = None
+        if tokenizer is not None:
+            self.detokenizer = IncrementalDetokenizer(
+                tokenizer,
+                request.prompt_token_ids,
+                params.skip_special_tokens,
+                params.stop,
+                params.min_tokens,
+                params.include_stop_str_in_output,
+            )
+        # Text is needed every step only to stream it or to find stop strings; a
+        # FINAL_ONLY request without stop strings is decoded once, when it finishes.
+        self.detokenize_each_step = self.detokenizer is not None and bool(
+            params.stop or self.output_kind != RequestOutputKind.FINAL_ONLY
+        )
+        # A stream holds back the last characters that could start a stop string.
+        self.stop_buffer_length = 0
+        if params.stop and not params.include_stop_str_in_output:
+            self.stop_buffer_length = max(len(s) for s in params.stop) - 1
+        self.logprobs_processor = None
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            self.logprobs_processor = LogprobsProcessor(
+                tokenizer, params.logprobs, params.prompt_logprobs, len(request.prompt_token_ids)
+            )
+        self.token_ids: list[int] = []
+        self.num_cached_tokens = 0
+        self.stats = RequestStateStats(arrival_time=request.arrival_time)
+        # How much of the text, tokens and logprobs earlier DELTA outputs carried.
+        self.sent_text = 0
+        self.sent_logprobs = 0
+        self.sent_prompt_logprobs = False
+
+    def update(self, out: EngineCoreOutput) -> str | None:
+        """Take one step's output; return a stop string that the new text completed."""
+        if out.num_cached_tokens:
+            self.num_cached_tokens = out.num_cached_tokens
+        proc = self.logprobs_processor
+        if proc is not None:
+            if out.new_prompt_logprobs is not None:
+                chunk = out.new_prompt_logprobs
+                proc.add_prompt_chunk(chunk.start, chunk.lists)
+            if out.new_logprobs is not None:
+                proc.add_sample(out.new_logprobs, 0)
+        if not out.new_token_ids:
+            return None
+        self.token_ids.extend(out.new_token_ids)
+        if not self.detokenize_each_step:
+            return None
+        assert self.detokenizer is not None
+        return self.detokenizer.update_and_check_stop(
+            out.new_token_ids, out.finish_reason == FinishReason.STOP
+        )
+
+    def make_request_output(
+        self, new_token_ids: list[int], finish_reason: FinishReason | None, stop_reason: Any
+    ) -> RequestOutput | None:
+        """The output this step owes the caller, or None (FINAL_ONLY while running, or a
+        sample of an ``n > 1`` request whose siblings have not finished)."""
+        finished = finish_reason is not None
+        if self.output_kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        completion = self._make_completion(new_token_ids, finish_reason, stop_reason)
+        request_id, outputs = self.request_id, [completion]
+        prompt_logprobs = self._prompt_logprobs()
+        num_cached = self.num_cached_tokens
+        if self.parent is not None:
+            parent = self.parent
+            if self.index == 0:  # prompt-level fields come from the first sample
+                parent.prompt_logprobs, parent.num_cached_tokens = prompt_logprobs, num_cached
+            maybe = parent.get_outputs(self.request_id, completion)
+            if maybe is None:
+                return None
+            request_id, outputs = parent.request_id, maybe
+            finished = parent.finished
+            prompt_logprobs, num_cached = parent.prompt_logprobs, parent.num_cached_tokens
+        return RequestOutput(
+            request_id=request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=outputs,
+            finished=finished,
+            prompt_logprobs=prompt_logprobs,
+            num_cached_tokens=num_cached,
+            metrics=self.stats,
+        )
+
+    def _make_completion(
+        self, new_token_ids: list[int], finish_reason: FinishReason | None, stop_reason: Any
+    ) -> CompletionOutput:
+        delta = self.output_kind == RequestOutputKind.DELTA
+        proc = self.logprobs_processor
+        logprobs = None if proc is None else proc.logprobs
+        if delta and logprobs is not None:
+            logprobs, self.sent_logprobs = logprobs[self.sent_logprobs :], len(logprobs)
+        return CompletionOutput(
+            index=self.index,
+            text=self._text(finish_reason, stop_reason, delta),
+            token_ids=list(new_token_ids if delta else self.token_ids),
+            cumulative_logprob=None if proc is None else proc.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=None if finish_reason is None else str(finish_reason),
+            stop_reason=stop_reason,
+        )
+
+    def _text(self, finish_reason: FinishReason | None, stop_reason: Any, delta: bool) -> str:
+        detok = self.detokenizer
+        if detok is None:
+            return ""
+        finished = finish_reason is not None
+        if finished:
+            if not self.detokenize_each_step:
+                detok.update_and_check_stop(self.token_ids, finish_reason == FinishReason.STOP)
+            if not isinstance(stop_reason, str):
+                # A stop string cut the text where it matched; otherwise show the text
+                # of every token, as a one-shot decode would, including a character
+                # that the last token left incomplete (U+FFFD).
+                detok.flush()
+        text = detok.output_text
+        end = len(text) if finished else len(text) - self.stop_buffer_length
+        if not delta:
+            return text[:end]
+        piece = text[self.sent_text : end]
+        self.sent_text = max(self.sent_text, end)
+        return piece
+
+    def _prompt_logprobs(self) -> list | None:
+        proc = self.logprobs_processor
+        if proc is None or proc.prompt_logprobs is None:
+            return None
+        if self.output_kind == RequestOutputKind.DELTA:
+            if self.sent_prompt_logprobs:
+                return None
+            self.sent_prompt_logprobs = True
+        return proc.prompt_logprobs
 
 
 class OutputProcessor:
-    """Per-request output state, and the outputs of finished requests.
+    """Every running request's ``RequestState``; turns core outputs into ``RequestOutput``s.
 
     Args:
         tokenizer: The model's tokenizer, or None (token-id prompts only: no text,
@@ -29,147 +265,109 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.logprobs: dict[str, LogprobsProcessor] = {}
-        # child request id -> (its parent, its index), for n > 1 requests.
-        self.parents: dict[str, tuple[ParentRequest, int]] = {}
+        self.request_states: dict[str, RequestState] = {}
 
-    def add_request(self, request: Request, parent: tuple[ParentRequest, int] | None) -> None:
-        """Create the output state of a newly queued request (a child when ``parent``)."""
-        params = request.sampling_params
-        req_id = request.request_id
-        if self.tokenizer is not None:
-            self.detokenizers[req_id] = IncrementalDetokenizer(
-                self.tokenizer,
-                request.prompt_token_ids,
-                params.skip_special_tokens,
-                params.stop,
-                params.min_tokens,
-                params.include_stop_str_in_output,
-            )
-        if params.logprobs is not None or params.prompt_logprobs is not None:
-            self.logprobs[req_id] = LogprobsProcessor(
-                self.tokenizer, params.logprobs, params.prompt_logprobs, request.num_prompt_tokens
-            )
-        if parent is not None:
-            self.parents[req_id] = parent
+    def add_request(
+        self,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        parent: ParentRequest | None = None,
+        index: int = 0,
+        queue: RequestOutputCollector | None = None,
+    ) -> None:
+        """Start tracking a request sent to the core (a child of ``parent`` if given)."""
+        if request.request_id in self.request_states:
+            raise ValueError(f"request {request.request_id}: the request id is already in use")
+        self.request_states[request.request_id] = RequestState(
+            request, prompt, self.tokenizer, parent, index, queue
+        )
 
-    def is_child_of(self, request_id: str, parent_ids: set[str]) -> bool:
-        """Whether ``request_id`` is a child of one of ``parent_ids``."""
-        info = self.parents.get(request_id)
-        return info is not None and info[0].request_id in parent_ids
+    def has_unfinished_requests(self) -> bool:
+        """True while any request awaits outputs."""
+        return bool(self.request_states)
 
-    def abort_requests(self, request_ids: list[str]) -> None:
-        """Forget the output state of aborted requests."""
-        for rid in request_ids:
-            self.detokenizers.pop(rid, None)
-            self.logprobs.pop(rid, None)
-            self.parents.pop(rid, None)
+    def get_num_unfinished_requests(self) -> int:
+        """Number of (child) requests awaiting outputs."""
+        return len(self.request_states)
 
-    def update_logprobs(self, scheduler_output: Any, runner_output: Any) -> None:
-        """Hand a step's sample and prompt logprobs to the requests' processors."""
-        if not self.logprobs:
-            return
-        if runner_output.logprobs is not None:
-            for row, s in enumerate(scheduler_output.sampling_requests()):
-                proc = self.logprobs.get(s.request_id)
-                # Only if the token was kept (a request that finished meanwhile drops it).
-                if (
-                    proc is not None
-                    and proc.logprobs is not None
-                    and (len(proc.logprobs) < s.request.num_output_tokens)
-                ):
-                    proc.add_sample(runner_output.logprobs, row)
-        for req_id, chunk in runner_output.prompt_logprobs.items():
-            if (proc := self.logprobs.get(req_id)) is not None:
-                proc.add_prompt_chunk(chunk.start, chunk.lists)
+    def abort_requests(self, request_ids: list[str] | set[str]) -> list[str]:
+        """Forget requests (a parent id covers its children); return the ids to abort
+        in the core."""
+        ids = set(request_ids)
+        to_abort = []
+        for rid, state in list(self.request_states.items()):
+            if rid in ids or (state.parent is not None and state.parent.request_id in ids):
+                del self.request_states[rid]
+                to_abort.append(rid)
+        return to_abort
 
-    def apply_stop_strings(self, scheduler_output: Any) -> list[Request]:
-        """Detokenize the step's requests that have stop strings; return the running
-        ones whose text now contains one (the engine finishes them in the scheduler).
+    def process_outputs(
+        self,
+        outputs: list[EngineCoreOutput],
+        engine_core_timestamp: float,
+        iteration_stats: IterationStats | None = None,
+    ) -> OutputProcessorOutput:
+        """Apply one step of core outputs to the request states.
 
-        Mirrors vLLM's output processor: stop strings are found in text, after the
-        scheduler has already applied the token-level rules, so a request the scheduler
-        just finished (by length or a stop token) is checked too, and a stop string
-        found in it wins (``finish_reason "stop"``, ``stop_reason`` the string).
-        Requests without stop strings are detokenized once, when they finish: doing it
-        every step would only cost time in the loop.
+        For each output: record events and timings, append tokens and logprobs,
+        detokenize and check stop strings, build the ``RequestOutput`` the request's
+        ``output_kind`` calls for, and forget the request once it finished. Outputs go
+        to the request's collector if it has one, else into ``request_outputs``.
         """
-        to_finish = []
-        for s in scheduler_output.sampling_requests():
-            request = s.request
-            detok = self.detokenizers.get(request.request_id)
-            if detok is None or not detok.stop:
+        result = OutputProcessorOutput()
+        stats = iteration_stats if iteration_stats is not None else IterationStats()
+        for out in outputs:
+            state = self.request_states.get(out.request_id)
+            if state is None:
+                continue  # aborted by the front end while the core was stepping
+            if out.finish_reason == FinishReason.ERROR:
+                self._fail(state, ValueError(str(out.stop_reason)))
                 continue
-            new_ids = request.output_token_ids[detok.num_output_tokens :]
-            if not new_ids:
-                continue  # its token was dropped (finished before the step's results)
-            stop_terminated = request.status == RequestStatus.FINISHED_STOPPED
-            stop_str = detok.update_and_check_stop(new_ids, stop_terminated)
-            if stop_str is None:
+            for event in out.events or ():
+                stats.record_event(state.stats, event.type.name.lower(), event.timestamp)
+            stats.record_tokens(
+                state.stats, len(out.new_token_ids), engine_core_timestamp,
+                len(state.prompt_token_ids),
+            )
+            finish_reason, stop_reason = out.finish_reason, out.stop_reason
+            stop_str = state.update(out)
+            if stop_str is not None:
+                finish_reason, stop_reason = FinishReason.STOP, stop_str
+                if not out.finished:
+                    result.reqs_to_abort.append(out.request_id)
+            if finish_reason is not None:
+                self._finish(state, finish_reason, stats)
+            request_output = state.make_request_output(
+                out.new_token_ids, finish_reason, stop_reason
+            )
+            if request_output is None:
                 continue
-            request.stop_reason = stop_str
-            if request.is_finished():
-                request.status = RequestStatus.FINISHED_STOPPED
+            if state.queue is not None:
+                state.queue.put(request_output)
             else:
-                to_finish.append(request)
-        return to_finish
+                result.request_outputs.append(request_output)
+        return result
 
-    def _make_completion(self, request: Request) -> CompletionOutput:
-        """The finished request's ``CompletionOutput``; forgets its detokenizer."""
-        params = request.sampling_params
-        detok = self.detokenizers.pop(request.request_id, None)
-        text = ""
-        if detok is not None:
-            if detok.stop:
-                text = detok.output_text
-            else:
-                ids = request.output_token_ids
-                if (
-                    request.status == RequestStatus.FINISHED_STOPPED
-                    and not params.include_stop_str_in_output
-                ):
-                    ids = ids[:-1]  # as vLLM: the EOS / stop token's text is left out
-                text = self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
-        proc = self.logprobs.get(request.request_id)
-        return CompletionOutput(
-            index=0,
-            text=text,
-            token_ids=list(request.output_token_ids),
-            cumulative_logprob=None if proc is None else proc.cumulative_logprob,
-            logprobs=None if proc is None else proc.logprobs,
-            finish_reason=request.get_finished_reason(),
-            stop_reason=request.stop_reason,
+    def _finish(self, state: RequestState, reason: FinishReason, stats: IterationStats) -> None:
+        del self.request_states[state.request_id]
+        stats.record_finished(
+            state.stats,
+            str(reason),
+            len(state.prompt_token_ids),
+            state.max_tokens_param,
+            state.num_cached_tokens,
         )
 
-    def make_output(self, request: Request) -> RequestOutput | None:
-        """The ``RequestOutput`` of a finished request, or None for a child of an
-        ``n > 1`` request whose siblings are still running. Forgets its state."""
-        completion = self._make_completion(request)
-        proc = self.logprobs.pop(request.request_id, None)
-        prompt_logprobs = None if proc is None else proc.prompt_logprobs
-        num_cached_tokens = request.num_cached_tokens
-        parent_info = self.parents.pop(request.request_id, None)
-        if parent_info is None:
-            outputs = [completion]
-            request_id = request.request_id
-        else:
-            parent, index = parent_info
-            if index == 0:
-                # Prompt-level fields come from the first sample.
-                parent.prompt_logprobs = prompt_logprobs
-                parent.num_cached_tokens = num_cached_tokens
-            if not parent.add_output(request.request_id, index, completion):
-                return None
-            outputs = parent.completions()
-            request_id = parent.request_id
-            prompt_logprobs, num_cached_tokens = parent.prompt_logprobs, parent.num_cached_tokens
-        return RequestOutput(
-            request_id=request_id,
-            prompt=request.prompt,
-            prompt_token_ids=list(request.prompt_token_ids),
-            outputs=outputs,
-            finished=True,
-            prompt_logprobs=prompt_logprobs,
-            num_cached_tokens=num_cached_tokens,
-        )
+    def _fail(self, state: RequestState, error: BaseException) -> None:
+        """The core refused the request: its caller gets the error, siblings stop too."""
+        ids = [state.parent.request_id if state.parent is not None else state.request_id]
+        self.abort_requests(ids)
+        if state.queue is not None:
+            state.queue.put(error)
+
+    def propagate_error(self, error: BaseException) -> None:
+        """The engine died: every waiting caller gets ``error``; all state is dropped."""
+        for state in self.request_states.values():
+            if state.queue is not None:
+                state.queue.put(error)
+        self.request_states.clear()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 
 from minivllm.outputs import CompletionOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class ParentRequest:
@@ -52,14 +52,24 @@ class ParentRequest:
             params.seed += index
         return child_id, params
 
-    def add_output(self, child_id: str, index: int, output: CompletionOutput) -> bool:
-        """Record a finished child's completion; True once every child has finished."""
-        self.child_requests.discard(child_id)
-        output.index = index
-        self.outputs[index] = output
+    @property
+    def finished(self) -> bool:
+        """True once every child has finished."""
         return not self.child_requests
 
-    def completions(self) -> list[CompletionOutput]:
-        """All ``n`` completions, ordered by index."""
-        assert all(o is not None for o in self.outputs)
+    def get_outputs(self, child_id: str, output: CompletionOutput) -> list[CompletionOutput] | None:
+        """Record a child's latest completion; return what the caller should see now.
+
+        ``FINAL_ONLY``: all ``n`` completions once the last child finished, else None.
+        ``CUMULATIVE``: the latest completion of every child heard from so far.
+        ``DELTA``: just this child's delta (its ``index`` tells the samples apart).
+        """
+        if output.finished():
+            self.child_requests.discard(child_id)
+        kind = self.sampling_params.output_kind
+        if kind == RequestOutputKind.DELTA:
+            return [output]
+        self.outputs[output.index] = output
+        if kind == RequestOutputKind.FINAL_ONLY and not self.finished:
+            return None
         return [o for o in self.outputs if o is not None]

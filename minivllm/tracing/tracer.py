@@ -409,7 +409,7 @@ def _id_key(request_id: str) -> tuple[int, str]:
 
 @contextmanager
 def trace(llm_or_engine: Any) -> Iterator[EngineTracer]:
-    """Record every step of an ``LLM`` or ``LLMEngine`` inside the ``with`` block.
+    """Record every step of an ``LLM``, ``LLMEngine`` or ``EngineCore`` in the ``with`` block.
 
     Example::
 
@@ -417,7 +417,9 @@ def trace(llm_or_engine: Any) -> Iterator[EngineTracer]:
             llm.generate(prompts, params)
         print(tracer.summary())
     """
+    # LLM -> LLMEngine -> its InprocClient -> the EngineCore that schedules and steps.
     engine = getattr(llm_or_engine, "llm_engine", llm_or_engine)
+    engine = getattr(getattr(engine, "engine_core", None), "engine_core", engine)
     if not hasattr(engine, "kv_cache_manager") or not hasattr(engine, "scheduler"):
         raise ValueError(
             f"trace() needs an LLM or an LLMEngine, got {type(llm_or_engine).__name__}"

@@ -105,7 +105,7 @@ def test_greedy_matches_hf(arch_case, config_name: str, shared_prefix: bool) -> 
         reason = o.outputs[0].finish_reason
         assert reason == ("stop" if e and e[-1] == 2 else "length")
     stats = llm.llm_engine.stats
-    assert llm.llm_engine.async_scheduling == ("sync" not in config_name)
+    assert llm.llm_engine.engine_core.engine_core.async_scheduling == ("sync" not in config_name)
     if "preemption" in config_name:
         assert stats.num_preemptions > 0, "the tiny pool was meant to force preemptions"
     caching = ENGINE_CONFIGS[config_name].get("enable_prefix_caching", True)
@@ -115,7 +115,7 @@ def test_greedy_matches_hf(arch_case, config_name: str, shared_prefix: bool) -> 
     if not caching:
         assert stats.prefix_cache_hits == 0
     # Every block is back in the pool once every request finished.
-    manager = llm.llm_engine.kv_cache_manager
+    manager = llm.llm_engine.engine_core.engine_core.kv_cache_manager
     assert manager.num_free_blocks == manager.num_blocks
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.sampling_params import RequestOutputKind
 from tests.tiny_models import load_hf_model
 
 HF_EOS = 2  # the tiny model's eos_token_id
@@ -149,22 +150,26 @@ def test_no_logprobs_unless_asked(llm: LLM) -> None:
 def test_n_samples_share_prompt_blocks(model_dir) -> None:
     llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=128, block_size=16)
     engine = llm.llm_engine
+    core = engine.engine_core.engine_core
     prompt = list(range(10, 50))  # 40 tokens: 2 full blocks + 8 tokens
-    params = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
+    params = SamplingParams(
+        n=4,
+        temperature=1.0,
+        seed=7,
+        max_tokens=6,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
     engine.add_request({"prompt_token_ids": prompt}, params)
     engine.step()  # all four children are prefilled in this one step
-    kv = engine.kv_cache_manager
+    kv = core.kv_cache_manager
     blocks = [kv.get_block_ids(f"{i}_0") for i in range(4)]
     assert all(b[:2] == blocks[0][:2] for b in blocks)  # the full prompt blocks: shared
     assert len({b[2] for b in blocks}) == 4  # the partial block: one each
     held = kv.num_blocks - kv.num_free_blocks
     assert held == 2 + 4  # instead of 4 * 3 without sharing
-    assert [engine.scheduler.requests[f"{i}_0"].num_cached_tokens for i in range(4)] == [
-        0,
-        32,
-        32,
-        32,
-    ]
+    cached = [core.scheduler.requests[f"{i}_0"].num_cached_tokens for i in range(4)]
+    assert cached == [0, 32, 32, 32]
     outputs = []
     while engine.has_unfinished_requests():
         outputs += engine.step()
@@ -288,6 +293,6 @@ def test_stop_string_found_in_last_token_overrides_length(llm: LLM) -> None:
 def test_finished_requests_free_everything(llm: LLM) -> None:
     llm.generate([{"prompt_token_ids": p} for p in PROMPTS], MIXED, use_tqdm=False)
     engine = llm.llm_engine
-    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_blocks
-    outputs = engine.output_processor
-    assert not outputs.detokenizers and not outputs.logprobs and not outputs.parents
+    kv = engine.engine_core.engine_core.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_blocks
+    assert not engine.output_processor.request_states

@@ -68,7 +68,7 @@ def test_tp2_matches_tp1_and_hf(tmp_path, case: str) -> None:
     kwargs = {**ENGINE, **engine_overrides}
     tp1 = _run(LLM(str(path), **kwargs), prompts)
     with LLM(str(path), tensor_parallel_size=2, **kwargs) as llm:
-        executor = llm.llm_engine.model_executor
+        executor = llm.llm_engine.engine_core.engine_core.model_executor
         assert llm.llm_engine.model_runner is None  # the model lives in the workers
         assert executor.kv_spec.num_kv_heads == kv_heads_per_rank
         tp2 = _run(llm, prompts)
@@ -95,7 +95,7 @@ def test_error_in_one_rank_is_named_and_kills_all(llama_path, monkeypatch) -> No
     # The workers are forked, so they inherit this patch.
     monkeypatch.setattr(Worker, "execute_model", failing_execute)
     llm = LLM(str(llama_path), tensor_parallel_size=2, max_model_len=128)
-    workers = list(llm.llm_engine.model_executor.workers)
+    workers = list(llm.llm_engine.engine_core.engine_core.model_executor.workers)
     with pytest.raises(RuntimeError, match="rank 1: ValueError: boom on purpose") as info:
         llm.generate({"prompt_token_ids": [5, 6, 7]}, use_tqdm=False)
     assert "Traceback of rank 1" in str(info.value)
@@ -121,7 +121,7 @@ def test_ctrl_c_terminates_workers(llama_path, monkeypatch) -> None:
 
     monkeypatch.setattr(Worker, "execute_model", hanging_execute)
     llm = LLM(str(llama_path), tensor_parallel_size=2, max_model_len=128)
-    workers = list(llm.llm_engine.model_executor.workers)
+    workers = list(llm.llm_engine.engine_core.engine_core.model_executor.workers)
     main = threading.main_thread().ident
     timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
     timer.start()
@@ -135,7 +135,7 @@ def test_ctrl_c_terminates_workers(llama_path, monkeypatch) -> None:
 
 def test_shutdown_is_idempotent_and_leaves_nothing(llama_path) -> None:
     llm = LLM(str(llama_path), tensor_parallel_size=2, max_model_len=128)
-    workers = list(llm.llm_engine.model_executor.workers)
+    workers = list(llm.llm_engine.engine_core.engine_core.model_executor.workers)
     assert all(w.is_alive() for w in workers)
     llm.shutdown()
     llm.shutdown()

@@ -113,7 +113,8 @@ def test_engine_trace_matches_engine_state(
     tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     llm = make_llm(tiny_llama)
-    engine = llm.llm_engine
+    front = llm.llm_engine
+    engine = front.engine_core.engine_core  # the EngineCore behind the LLM
     outputs: list[SchedulerOutput] = []
     schedule = engine.scheduler.schedule
 
@@ -125,15 +126,15 @@ def test_engine_trace_matches_engine_state(
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     with trace(llm) as tracer:
         for prompt in engine_prompts():
-            engine.add_request(prompt, params)
+            front.add_request(prompt, params)
         held_refs = 0
-        while engine.has_unfinished_requests():
-            engine.step()
+        while front.has_unfinished_requests():
+            front.step()
             record = tracer.steps[-1]
             held_refs += record.block_totals.net_held
             check_record_against_state(record, outputs[-1], engine.kv_cache_manager, held_refs)
-    assert len(tracer.steps) == len(outputs) == engine.stats.num_steps
-    assert sum(len(r.preempted_req_ids) for r in tracer.steps) == engine.stats.num_preemptions
+    assert len(tracer.steps) == len(outputs) == front.stats.num_steps
+    assert sum(len(r.preempted_req_ids) for r in tracer.steps) == front.stats.num_preemptions
     finished = [rid for r in tracer.steps for rid in r.finished_req_ids]
     assert sorted(finished) == sorted(tracer.request_ids())
     check_whole_trace(tracer, engine.kv_cache_manager)

@@ -1,0 +1,420 @@
+"""The engine core: the scheduler and the model, stepping; and its own process.
+
+Upstream counterpart: ``vllm/v1/engine/core.py`` (``EngineCore``, ``EngineCore.step``,
+``step_with_batch_queue``, ``EngineCoreProc``, ``run_busy_loop``,
+``process_input_sockets``, ``process_output_sockets``).
+
+``EngineCore`` owns everything that decides or computes: the KV cache manager, the
+scheduler and the executor. It takes ``EngineCoreRequest``s and returns, each step, an
+``EngineCoreOutputs`` holding only what changed. It never sees text: the tokenizer,
+detokenization, stop strings and ``RequestOutput``s belong to the front end.
+
+``EngineCoreProc`` runs that loop in a process of its own (or, for notebooks and
+tests, a thread), fed by ZeroMQ sockets. Why a separate process: the front end's
+Python work (HTTP parsing, tokenizing, detokenizing, streaming to many clients) then
+runs in parallel with the scheduler and the GPU instead of taking turns with them
+under one GIL. Two helper threads move bytes between the sockets and two queues,
+so socket I/O and msgspec decoding also stay off the busy loop::
+
+    front end --PUSH--> [input thread]  -> input_queue  -> busy loop: add/abort, step
+    front end <--PULL-- [output thread] <- output_queue <-
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+from typing import Any
+
+import zmq
+
+from minivllm.config import VllmConfig
+from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.kv_cache_utils import get_request_block_hasher
+from minivllm.core.sched_output import SchedulerOutput
+from minivllm.core.scheduler import Scheduler
+from minivllm.engine import (
+    EngineCoreEvent,
+    EngineCoreEventType,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreReadyResponse,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    FinishReason,
+)
+from minivllm.engine.serial_utils import decode_abort, decode_request, encode_outputs
+from minivllm.executor.abstract import Executor
+from minivllm.request import Request, RequestStatus
+from minivllm.runner_outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
+
+logger = logging.getLogger(__name__)
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+}
+
+
+class EngineCore:
+    """Scheduler + executor: add and abort requests, and ``step()``.
+
+    Args:
+        vllm_config: The resolved configuration; ``cache_config.num_kv_blocks`` is set
+            here once the executor has sized the pool.
+    """
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.vllm_config = vllm_config
+        model_config, cache_config = vllm_config.model_config, vllm_config.cache_config
+        # In-process runner for tensor_parallel_size 1, worker processes otherwise.
+        self.model_executor = Executor.get_class(vllm_config)(vllm_config)
+        try:
+            num_blocks = self.model_executor.determine_num_blocks()
+            _check_pool_fits_one_request(
+                num_blocks, cache_config.block_size, model_config.max_model_len
+            )
+            cache_config.num_kv_blocks = num_blocks
+            self.model_executor.initialize_kv_cache(num_blocks)
+        except BaseException:
+            self.model_executor.shutdown()  # no worker process outlives a failed init
+            raise
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(vllm_config.scheduler_config, self.kv_cache_manager)
+        self._block_hasher = (
+            get_request_block_hasher(cache_config.block_size)
+            if cache_config.enable_prefix_caching
+            else None
+        )
+        self._eos_token_ids = model_config.eos_token_ids
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
+        # With async scheduling: the step queued on the device whose tokens have not
+        # been processed yet, as (its scheduler output, its output handle).
+        self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
+        # Scheduling events of each request, sent with its next output.
+        self._events: dict[str, list[EngineCoreEvent]] = {}
+        # Set by minivllm.tracing.trace(): records every step when not None.
+        self.tracer: Any = None
+        logger.info(
+            "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB",
+            num_blocks,
+            cache_config.block_size,
+            num_blocks * cache_config.block_size,
+            num_blocks * self.model_executor.kv_spec.block_bytes_all_layers / 2**20,
+        )
+
+    def shutdown(self) -> None:
+        """Stop the model's worker processes, if any (idempotent)."""
+        self.model_executor.shutdown()
+
+    # ---- requests in ------------------------------------------------------------------
+
+    def add_request(self, core_request: EngineCoreRequest) -> None:
+        """Queue a request; ``ValueError`` if the scheduler refuses it (nothing is kept)."""
+        params = core_request.sampling_params
+        # The model's EOS ids end the request too (unless ignore_eos); added here, where
+        # the model is known, on the core's own copy of the parameters.
+        params.update_from_generation_config(self._eos_token_ids)
+        request = Request(
+            core_request.request_id,
+            core_request.prompt_token_ids,
+            params,
+            core_request.eos_token_id,
+            core_request.arrival_time,
+            self._block_hasher,
+        )
+        self.scheduler.add_request(request)
+        self._events[request.request_id] = [EngineCoreEvent.new_event(EngineCoreEventType.QUEUED)]
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Finish requests as aborted and free their blocks; unknown ids are ignored."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        for rid in request_ids:
+            self._events.pop(rid, None)
+        if not self.scheduler.has_unfinished_requests():
+            # The step in flight only computes tokens of aborted requests: drop them.
+            self._drain([])
+
+    def has_work(self) -> bool:
+        """True while a request is queued or running, or a step is still in flight."""
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
+
+    def collective_rpc(self, method: Any, args: tuple = (), kwargs: dict | None = None) -> list:
+        """Run a method on every worker (see ``Executor.collective_rpc``)."""
+        return self.model_executor.collective_rpc(method, args, kwargs)
+
+    # ---- the loop ---------------------------------------------------------------------
+
+    def step(self) -> EngineCoreOutputs:
+        """Run one step; return what every request gained in it.
+
+        Synchronously a step is schedule -> execute -> update. With async scheduling
+        (vLLM's ``step_with_batch_queue`` with a queue of two) the core keeps one step
+        in flight: it schedules and queues step N+1 while the device still runs step N,
+        then waits for step N's tokens and processes them while the device runs N+1.
+        The host's work hides behind the device's instead of adding to it. The price:
+        a request that stops in step N (EOS, stop token or string) has already been
+        scheduled for N+1, and that one token is computed and dropped.
+        """
+        outputs: list[EngineCoreOutput] = []
+        # The tracer pictures the KV cache as each step left it, so it runs in step.
+        run_ahead = self.async_scheduling and self.tracer is None
+        if not run_ahead:
+            self._drain(outputs)
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            self._record_schedule_events(scheduler_output)
+            handle = self.model_executor.execute_model_async(scheduler_output)
+            if run_ahead:
+                previous, self._in_flight = self._in_flight, (scheduler_output, handle)
+                if previous is not None:
+                    self._process_step(*previous, outputs)
+            else:
+                self._process_step(scheduler_output, handle, outputs)
+        if not self.scheduler.has_unfinished_requests():
+            # Everything finished: the step in flight only computed tokens past the end.
+            self._drain(outputs)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats())
+
+    def _drain(self, outputs: list[EngineCoreOutput]) -> None:
+        """Wait for the step in flight, if any, and process it."""
+        if self._in_flight is not None:
+            (scheduler_output, handle), self._in_flight = self._in_flight, None
+            self._process_step(scheduler_output, handle, outputs)
+
+    def _record_schedule_events(self, scheduler_output: SchedulerOutput) -> None:
+        for s in scheduler_output.scheduled:
+            if s.is_new:
+                self._add_event(s.request_id, EngineCoreEventType.SCHEDULED)
+        for rid in scheduler_output.preempted_req_ids:
+            self._add_event(rid, EngineCoreEventType.PREEMPTED)
+
+    def _add_event(self, request_id: str, kind: EngineCoreEventType) -> None:
+        self._events.setdefault(request_id, []).append(EngineCoreEvent.new_event(kind))
+
+    def _process_step(
+        self,
+        scheduler_output: SchedulerOutput,
+        handle: AsyncModelRunnerOutput,
+        outputs: list[EngineCoreOutput],
+    ) -> None:
+        """Wait for a step's tokens, hand them to the scheduler (which appends them and
+        applies the token-level stop rules), and describe each request's gains."""
+        runner_output = handle.get_output()
+        due = scheduler_output.sampling_requests()
+        requests = self.scheduler.requests
+        # A request finished while the step ran (aborted, or stopped one step earlier
+        # under async scheduling) gets no token from it.
+        live = [
+            (row, s.request)
+            for row, s in enumerate(due)
+            if requests.get(s.request_id) is s.request and not s.request.is_finished()
+        ]
+        self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)
+        if self.tracer is not None:
+            self.tracer.record_step(scheduler_output, self.kv_cache_manager)
+        sampled = set()
+        for row, request in live:
+            sampled.add(request.request_id)
+            outputs.append(self._make_output(request, row, runner_output))
+        for rid in runner_output.prompt_logprobs:
+            request = requests.get(rid)
+            if rid not in sampled and request is not None:  # a prefill chunk, no token yet
+                outputs.append(self._make_output(request, None, runner_output))
+
+    def _make_output(
+        self, request: Request, row: int | None, runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutput:
+        rid = request.request_id
+        out = EngineCoreOutput(
+            rid,
+            [] if row is None else [request.output_token_ids[-1]],
+            new_prompt_logprobs=runner_output.prompt_logprobs.get(rid),
+            num_cached_tokens=request.num_cached_tokens,
+            events=self._events.pop(rid, None),
+        )
+        lists = runner_output.logprobs
+        if row is not None and lists is not None and request.sampling_params.logprobs is not None:
+            out.new_logprobs = LogprobsLists(
+                [lists.token_ids[row]], [lists.logprobs[row]], [lists.ranks[row]]
+            )
+        if request.is_finished():
+            out.finish_reason = _FINISH_REASONS[request.status]
+            out.stop_reason = request.stop_reason
+        return out
+
+
+class EngineCoreProc(EngineCore):
+    """An ``EngineCore`` driven by sockets: the busy loop of the core process.
+
+    Args:
+        vllm_config: The configuration (built from the same ``EngineArgs`` as the front
+            end's).
+        input_queue: Decoded client messages, filled by the input thread.
+        output_queue: ``EngineCoreOutputs`` to send, drained by the output thread.
+    """
+
+    def __init__(
+        self, vllm_config: VllmConfig, input_queue: queue.Queue, output_queue: queue.Queue
+    ) -> None:
+        super().__init__(vllm_config)
+        self.input_queue = input_queue
+        self.output_queue = output_queue
+
+    def run_busy_loop(self) -> None:
+        """Forever: take in every pending message (waiting for one when idle), then step."""
+        while True:
+            self._process_input_queue()
+            if self.has_work():
+                self.output_queue.put(self.step())
+
+    def _process_input_queue(self) -> None:
+        while not self.has_work():
+            self._handle_client_request(*self.input_queue.get())  # idle: block
+        while not self.input_queue.empty():
+            self._handle_client_request(*self.input_queue.get_nowait())
+
+    def _handle_client_request(self, kind: EngineCoreRequestType, payload: Any) -> None:
+        if kind == EngineCoreRequestType.ADD:
+            try:
+                self.add_request(payload)
+            except ValueError as exc:
+                # One bad request fails alone, as an output for it; the core goes on.
+                error = EngineCoreOutput(
+                    payload.request_id, [], finish_reason=FinishReason.ERROR, stop_reason=str(exc)
+                )
+                self.output_queue.put(EngineCoreOutputs(outputs=[error]))
+        elif kind == EngineCoreRequestType.SHUTDOWN:
+            raise SystemExit(0)
+        elif kind == EngineCoreRequestType.ABORT:
+            self.abort_requests(payload)
+            # Nothing else may step for a while: publish the freed blocks now.
+            self.output_queue.put(EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats()))
+
+
+def run_engine_core(
+    engine_args: dict[str, Any],
+    input_address: str,
+    output_address: str,
+    context: zmq.Context | None = None,
+) -> None:
+    """The core's entry point: connect, build the engine, report ready, loop.
+
+    Runs as the target of the core process (``context`` None), or of a thread in the
+    front end's process with ``inproc://`` addresses on the front end's context. Any
+    failure, at start or in a step, is sent to the front end as ``engine_error`` before
+    the loop ends, so waiting requests fail instead of hanging.
+    """
+    from minivllm.engine.arg_utils import EngineArgs
+
+    in_process = context is not None
+    context = context or zmq.Context()
+    input_queue: queue.Queue = queue.Queue()
+    output_queue: queue.Queue = queue.Queue()
+    parent = os.getppid()
+    stop = threading.Event()
+    threads = [
+        threading.Thread(
+            target=_process_input_socket,
+            args=(context, input_address, input_queue, None if in_process else parent, stop),
+            name="EngineCoreInput",
+            daemon=True,
+        ),
+        threading.Thread(
+            target=_process_output_socket,
+            args=(context, output_address, output_queue),
+            name="EngineCoreOutput",
+            daemon=True,
+        ),
+    ]
+    for t in threads:
+        t.start()
+    if not in_process:
+        # The front end stops us with SIGTERM; unwind through `finally` below.
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the front end
+    engine: EngineCoreProc | None = None
+    try:
+        config = EngineArgs(**engine_args).create_engine_config()
+        engine = EngineCoreProc(config, input_queue, output_queue)
+        output_queue.put(
+            EngineCoreReadyResponse(
+                config.cache_config.num_kv_blocks or 0, config.model_config.max_model_len
+            )
+        )
+        engine.run_busy_loop()
+    except SystemExit:
+        pass
+    except BaseException as exc:  # noqa: BLE001 (every failure must reach the front end)
+        logger.exception("engine core failed")
+        output_queue.put(EngineCoreOutputs(engine_error=f"{type(exc).__name__}: {exc}"))
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        stop.set()
+        output_queue.put(None)  # the output thread sends what is queued, then stops
+        for t in threads:
+            t.join(timeout=5.0)
+
+
+def _raise_system_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _process_input_socket(
+    context: zmq.Context,
+    address: str,
+    input_queue: queue.Queue,
+    parent_pid: int | None,
+    stop: threading.Event,
+) -> None:
+    """Input thread: receive, decode, enqueue. Exits the process if the parent dies."""
+    sock = context.socket(zmq.PULL)
+    sock.connect(address)
+    try:
+        while not stop.is_set():
+            if not sock.poll(timeout=500):
+                if parent_pid is not None and os.getppid() != parent_pid:
+                    logger.error("the front end died; the engine core exits")
+                    os._exit(1)
+                continue
+            kind_frame, data = sock.recv_multipart(copy=False)
+            kind = EngineCoreRequestType(bytes(kind_frame.buffer))
+            if kind == EngineCoreRequestType.ADD:
+                payload: Any = decode_request(data.buffer)
+            elif kind == EngineCoreRequestType.ABORT:
+                payload = decode_abort(data.buffer)
+            else:
+                payload = None
+            input_queue.put((kind, payload))
+    finally:
+        sock.close(linger=0)
+
+
+def _process_output_socket(context: zmq.Context, address: str, output_queue: queue.Queue) -> None:
+    """Output thread: encode and send until a ``None`` arrives."""
+    sock = context.socket(zmq.PUSH)
+    sock.connect(address)
+    try:
+        while (item := output_queue.get()) is not None:
+            sock.send(encode_outputs(item), copy=False)
+    finally:
+        sock.close(linger=2000)
+
+
+def _check_pool_fits_one_request(num_blocks: int, block_size: int, max_model_len: int) -> None:
+    capacity = num_blocks * block_size
+    if capacity < max_model_len:
+        raise ValueError(
+            f"the KV pool holds {num_blocks} blocks x {block_size} tokens = {capacity} "
+            f"tokens, fewer than max_model_len={max_model_len}: one full-length request "
+            f"could never run. Raise num_kv_blocks (or gpu_memory_utilization) or lower "
+            f"max_model_len."
+        )
+

@@ -1,0 +1,24 @@
+"""Errors the front ends raise to their callers.
+
+Upstream counterpart: ``vllm/v1/engine/exceptions.py`` (``EngineDeadError``,
+``EngineGenerateError``).
+"""
+
+from __future__ import annotations
+
+
+class EngineGenerateError(Exception):
+    """One request failed; the engine is healthy and other requests go on."""
+
+
+class EngineDeadError(Exception):
+    """The engine core failed or its process died; no request can be served any more.
+
+    The server answers 500 to every request and 503 to ``/health`` from then on.
+    """
+
+    def __init__(self, reason: str = "the engine core is dead") -> None:
+        super().__init__(
+            f"EngineCore encountered an issue: {reason}. See the engine core's log for the "
+            f"original error; restart the engine to serve again."
+        )
