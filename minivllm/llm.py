@@ -87,6 +87,11 @@ class LLM:
         requests = [self.llm_engine.process_inputs(p, sp) for p, sp in zip(prompts, params_list)]
         return self._run_engine(requests, use_tqdm)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (benchmarks start each run cold); False while
+        requests hold blocks. Upstream counterpart: ``LLM.reset_prefix_cache``."""
+        return self.llm_engine.reset_prefix_cache()
+
     def collective_rpc(self, method: Any, args: tuple = (), kwargs: dict | None = None) -> list:
         """Run ``method`` on every model worker and return the results in rank order.
 

@@ -32,7 +32,11 @@ def add_host_args(parser: argparse.ArgumentParser) -> None:
 def _stub_model(llm: Any, vocab: int) -> None:
     """Replace forward and logits with stubs that slice ready-made tensors (greedy then
     picks token 3), so the model costs next to nothing."""
-    runner = llm.llm_engine.model_runner
+    llm.collective_rpc(_install_model_stubs, args=(vocab,))
+
+
+def _install_model_stubs(runner: Any, vocab: int) -> None:
+    """Run on the in-process model runner (through ``collective_rpc``)."""
     hidden = torch.zeros(runner.scheduler_config.max_num_batched_tokens,
                          runner.model_config.hf_config.hidden_size)
     logits = torch.zeros(runner.scheduler_config.max_num_seqs, vocab)
@@ -79,9 +83,10 @@ def measure_batch(llm: Any, batch: int, prompt_len: int, steps: int) -> dict[str
     while engine.stats.num_generation_tokens < batch:  # finish every prefill first
         engine.step()
     phases = {"schedule": 0.0, "execute": 0.0, "update": 0.0}
-    sched = engine.scheduler
+    core = engine.engine_core.engine_core  # white-box: the EngineCore the engine steps
+    sched = core.scheduler
     _timed(sched, "schedule", phases, "schedule")
-    _timed(engine.model_executor, "execute_model_async", phases, "execute")
+    _timed(core.model_executor, "execute_model_async", phases, "execute")
     _timed(sched, "update_from_output", phases, "update")
     start = time.perf_counter()
     for _ in range(steps):
@@ -89,7 +94,7 @@ def measure_batch(llm: Any, batch: int, prompt_len: int, steps: int) -> dict[str
     total = time.perf_counter() - start
     for name in ("schedule", "update_from_output"):
         del sched.__dict__[name]
-    del engine.model_executor.__dict__["execute_model_async"]
+    del core.model_executor.__dict__["execute_model_async"]
     engine.abort_request(list(sched.requests))
     phases["other"] = total - sum(phases.values())
     return {"batch": batch, "steps": steps, "ms_per_step": 1e3 * total / steps,

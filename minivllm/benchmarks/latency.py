@@ -27,7 +27,7 @@ def _one_request(llm, prompt: list[int], output_len: int) -> tuple[float, float]
     from minivllm import SamplingParams
 
     engine = llm.llm_engine
-    engine.kv_cache_manager.reset_prefix_cache()  # a repeat must not hit the last run
+    engine.reset_prefix_cache()  # a repeat must not hit the last run
     engine.add_request({"prompt_token_ids": prompt},
                        SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True))
     cuda_sync()

@@ -49,11 +49,14 @@ def run_prefix_bench(args: argparse.Namespace) -> dict[str, Any]:
         generate_workload(llm, workload)
         # The cached run takes ~0.2 s on an H200, so one run is noisy: report the median.
         runs = []
+        before = llm.llm_engine.stats  # cumulative counters: the timed runs' share is the delta
         for _ in range(args.repeats):
-            llm.llm_engine.kv_cache_manager.reset_prefix_cache_stats()
             runs.append(generate_workload(llm, workload))
         seconds = statistics.median(runs)
-        hit_rate = llm.llm_engine.kv_cache_manager.prefix_cache_stats.hit_rate
+        after = llm.llm_engine.stats
+        queries = after.prefix_cache_queries - before.prefix_cache_queries
+        hits = after.prefix_cache_hits - before.prefix_cache_hits
+        hit_rate = hits / queries if queries else 0.0
         key = "caching_on" if caching else "caching_off"
         result[key] = {"seconds": seconds, "runs_seconds": runs,
                        "prefix_cache_hit_rate": hit_rate,

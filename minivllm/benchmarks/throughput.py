@@ -86,7 +86,7 @@ def generate_workload(llm, workload: Workload) -> float:
     from minivllm import SamplingParams
 
     # Each timed run starts from a cold prefix cache, so repeated prompts don't hit.
-    llm.llm_engine.kv_cache_manager.reset_prefix_cache()
+    llm.reset_prefix_cache()
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
               for n in workload.output_lens]
     prompts = [{"prompt_token_ids": p} for p in workload.prompts]
@@ -97,10 +97,17 @@ def generate_workload(llm, workload: Workload) -> float:
     return seconds
 
 
+def _weights_and_kv_spec(runner) -> tuple[int, Any]:
+    """Bytes of the model's weights and the KV cache geometry, read on the model runner."""
+    weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    return weights, runner.kv_spec
+
+
 def engine_figures(llm) -> dict[str, Any]:
     """The engine's own counters after a run."""
     s = llm.llm_engine.stats
-    spec = llm.llm_engine.model_executor.kv_spec  # per rank when tensor-parallel
+    # Per rank when tensor-parallel; the benchmark reads the core it drives in-process.
+    spec = llm.llm_engine.engine_core.engine_core.model_executor.kv_spec
     return {"steps": s.num_steps, "preemptions": s.num_preemptions,
             "num_kv_blocks": s.num_kv_blocks, "peak_blocks_in_use": s.peak_blocks_in_use,
             "kv_cache_gib": s.num_kv_blocks * spec.block_bytes_all_layers / 2**30}
@@ -127,15 +134,13 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
                 (workload.num_output_tokens + workload.num_prompt_tokens) / seconds,
             **engine_figures(llm)}
     result["minivllm"] = mini
-    if llm.llm_engine.model_runner is None:  # tensor-parallel: the model is in workers
+    if args.tensor_parallel_size > 1:  # the model is in the workers, out of reach
         print(f"minivllm tp={args.tensor_parallel_size}: "
               f"{mini['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s", flush=True)
         write_json(Path(args.output), result)
         llm.shutdown()
         return result
-    weights = sum(p.numel() * p.element_size() for p in llm.llm_engine.model_runner.model
-                  .parameters())
-    spec = llm.llm_engine.model_runner.kv_spec
+    weights, spec = llm.collective_rpc(_weights_and_kv_spec)[0]
     roof = decode_roofline(workload, weights, spec.page_size_bytes * spec.num_layers
                            // spec.block_size, bw)
     result["roofline"] = vars(roof)
@@ -189,15 +194,15 @@ def profile_full_batch(llm, workload: Workload, out_dir: Path) -> dict[str, Any]
     from minivllm.benchmarks.profiling import profile_steps
 
     engine = llm.llm_engine
-    engine.kv_cache_manager.reset_prefix_cache()
+    engine.reset_prefix_cache()
     for prompt, n in zip(workload.prompts, workload.output_lens):
         engine.add_request({"prompt_token_ids": prompt},
                            SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     for _ in range(40):
         engine.step()
     summary = profile_steps(engine, 8, out_dir, "throughput_decode")
-    summary["batch"] = len(engine.scheduler.running)
-    engine.abort_request(list(engine.scheduler.requests))
+    summary["batch"] = engine.stats.num_running_reqs
+    engine.abort_request(list(engine.output_processor.request_states))
     print(f"full-batch decode ({summary['batch']} requests): device busy "
           f"{summary['device_busy_ms_per_step']:.2f} ms per step, wall "
           f"{summary['wall_ms_per_step']:.2f} ms (profiled)", flush=True)

@@ -141,6 +141,10 @@ class EngineCore:
             # The step in flight only computes tokens of aborted requests: drop them.
             self._drain([])
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (False while requests hold blocks)."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
     def has_work(self) -> bool:
         """True while a request is queued or running, or a step is still in flight."""
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None

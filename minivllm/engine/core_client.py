@@ -66,6 +66,10 @@ class InprocClient:
         """Abort requests and free their blocks."""
         self.engine_core.abort_requests(request_ids)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (False while requests hold blocks)."""
+        return self.engine_core.reset_prefix_cache()
+
     def has_work(self) -> bool:
         """True while the core has requests or a step in flight."""
         return self.engine_core.has_work()

@@ -135,6 +135,11 @@ class LLMEngine:
         """True while any request awaits outputs."""
         return self.output_processor.has_unfinished_requests()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, so the next run starts cold (False while requests
+        hold blocks). Upstream counterpart: ``LLMEngine.reset_prefix_cache``."""
+        return self.engine_core.reset_prefix_cache()
+
     def collective_rpc(self, method: Any, args: tuple = (), kwargs: dict | None = None) -> list:
         """Run ``method`` on every model worker (a method name, or a callable given the
         worker's model runner); return the results in rank order."""
