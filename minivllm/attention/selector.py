@@ -10,6 +10,7 @@ the CPU, where interpreted Triton would be correct but slow.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import Protocol
@@ -74,17 +75,36 @@ def triton_available() -> tuple[bool, str]:
     return True, ""
 
 
-def get_attn_backend(name: str, device: torch.device) -> AttentionBackend:
-    """Resolve a backend name (``"auto"``, ``"torch"`` or ``"triton"``) for a device."""
+def check_attn_backend(name: str, device: torch.device) -> None:
+    """Refuse a backend name that cannot run on ``device``, saying how to fix it.
+
+    Triton compiles its kernels for a GPU. On the CPU they run only in Triton's
+    interpreter, which Triton turns on when ``TRITON_INTERPRET=1`` is set as it is first
+    imported; without it the first launch fails deep inside Triton ("0 active drivers").
+    """
     if name not in BACKEND_NAMES:
         raise ValueError(f"attention_backend must be one of {BACKEND_NAMES}, got {name!r}")
+    if name != "triton":
+        return
+    ok, why = triton_available()
+    if not ok:
+        raise ValueError(f"attention_backend='triton' is unavailable: {why}")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"attention_backend='triton' needs a CUDA GPU, but the device is {device.type!r}: "
+            "use attention_backend='torch' (or 'auto', which picks it there), or set "
+            "TRITON_INTERPRET=1 in the environment before Python starts to run the Triton "
+            "kernels in Triton's interpreter (correct, but slow)"
+        )
+
+
+def get_attn_backend(name: str, device: torch.device) -> AttentionBackend:
+    """Resolve a backend name (``"auto"``, ``"torch"`` or ``"triton"``) for a device."""
+    check_attn_backend(name, device)
     if name == "auto":
         ok, _ = triton_available()
         name = "triton" if device.type == "cuda" and ok else "torch"
     if name == "triton":
-        ok, why = triton_available()
-        if not ok:
-            raise ValueError(f"attention_backend='triton' is unavailable: {why}")
         from minivllm.attention.backends import triton_attn
 
         return AttentionBackend(

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from minivllm.attention.selector import BACKEND_NAMES
+from minivllm.attention.selector import BACKEND_NAMES, check_attn_backend
 from minivllm.config import (
     CacheConfig,
     ModelConfig,
@@ -99,6 +99,7 @@ class EngineArgs:
         """Validate every argument and resolve defaults into a ``VllmConfig``."""
         self._check_simple_args()
         device = self._resolve_device()
+        check_attn_backend(self.attention_backend, device)
         from minivllm.model_executor.loader import resolve_model_path
         from minivllm.model_executor.weight_utils import find_safetensors_files
 
