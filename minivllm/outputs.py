@@ -5,8 +5,9 @@ Upstream counterpart: ``vllm/outputs.py`` (``RequestOutput``, ``CompletionOutput
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from minivllm.metrics.stats import RequestStateStats
 from minivllm.runner_outputs import Logprob
 
 PositionLogprobs = dict[int, Logprob]
@@ -58,6 +59,10 @@ class RequestOutput:
         prompt_logprobs: Per prompt token, the prompt token's and the top-N logprobs;
             the first entry is None (nothing predicts the first token).
         num_cached_tokens: Prompt tokens served from the prefix cache.
+        metrics: The request's timings (arrival, queued, scheduled, first and last
+            token; ``queued_time``, ``prefill_time``, ``decode_time``,
+            ``inference_time``, ``e2e_latency`` once finished), as upstream's
+            ``RequestStateStats``. For ``n > 1``, those of the sample that finished last.
     """
 
     request_id: str
@@ -67,4 +72,4 @@ class RequestOutput:
     finished: bool
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: RequestStateStats | None = None

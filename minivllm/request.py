@@ -72,8 +72,7 @@ class Request:
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
         prompt: str | None = None,
     ) -> None:
-        if not prompt_token_ids:
-            raise ValueError(f"request {request_id}: the prompt is empty")
+        # Checked by check_new_request (core/request_checks.py) before any Request exists.
         if sampling_params.max_tokens is None:
             raise ValueError(f"request {request_id}: sampling_params.max_tokens is unresolved")
         self.request_id = request_id
