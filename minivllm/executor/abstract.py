@@ -1,21 +1,24 @@
 """The executor: what the engine calls to run the model, however many processes that takes.
 
 Upstream counterpart: ``vllm/v1/executor/abstract.py`` (``Executor``,
-``Executor.get_class``). The engine talks to exactly one object with four calls (size
-the KV cache, allocate it, run a step, shut down); whether the model lives in the
-engine's own process or is split over N worker processes is the executor's business.
+``Executor.get_class``, ``Executor.collective_rpc``). The engine talks to exactly one
+object with four calls (size the KV cache, allocate it, run a step, shut down); whether
+the model lives in the engine's own process or is split over N worker processes is the
+executor's business. A fifth call, ``collective_rpc``, runs any method on every rank: it
+is how benchmarks and tests reach the model without holding the runner themselves.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
 
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.runner_outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.kv_cache import KVCacheSpec
-from minivllm.worker.model_runner import ModelRunner
 
 
 class Executor(ABC):
@@ -24,11 +27,9 @@ class Executor(ABC):
     Attributes:
         vllm_config: The engine's configuration.
         kv_spec: The KV cache geometry of one rank (all ranks are alike).
-        model_runner: The in-process runner, or None when the model runs in workers.
     """
 
     kv_spec: KVCacheSpec
-    model_runner: ModelRunner | None = None
 
     def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
@@ -63,6 +64,23 @@ class Executor(ABC):
         the in-process executor overrides it to return while the GPU still works.
         """
         return AsyncOutput(self.execute_model(scheduler_output), None)
+
+    @abstractmethod
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run ``method`` on every rank and return each rank's result, in rank order.
+
+        Args:
+            method: The name of a method of the object that runs the model on a rank
+                (the ``ModelRunner`` in this process, the ``Worker`` in a worker
+                process), or a callable taking that object as its first argument.
+            args: Positional arguments for the call.
+            kwargs: Keyword arguments for the call.
+        """
 
     def shutdown(self) -> None:  # noqa: B027 (nothing to release in one process)
         """Release the workers (idempotent)."""

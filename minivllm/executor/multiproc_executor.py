@@ -5,8 +5,9 @@ Upstream counterpart: ``vllm/v1/executor/multiproc_executor.py`` (``MultiprocExe
 
 Process layout: the engine process (scheduler, tokenizer, detokenizer) is *not* a rank.
 It starts one worker process per rank, and every call is a collective RPC: the same
-pickled ``(method, args)`` is written to every worker's pipe, every worker runs it, and
-every worker answers (rank 0 with the result, the others with an acknowledgement).
+pickled ``(method, args, kwargs)`` is written to every worker's pipe, every worker runs
+it, and every worker answers (rank 0 with the result, the others with an
+acknowledgement).
 Keeping the engine out of the collectives is what makes failures reportable: a rank that
 raises leaves the others blocked inside an all-reduce, and only a process that is not
 itself blocked there can notice, name the rank, and kill them all.
@@ -28,6 +29,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -110,15 +112,29 @@ class MultiprocExecutor(Executor):
 
     # ---- calls -----------------------------------------------------------------------
 
-    def collective_rpc(self, method: str, *args: Any) -> list[Any]:
-        """Run ``Worker.<method>(*args)`` on every rank; return the answers in rank order.
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run ``Worker.<method>(*args, **kwargs)`` on every rank; return the answers in
+        rank order.
 
         The message is pickled once and the same bytes go to every pipe. Answers are
-        awaited from all ranks at once, so whichever rank fails first is reported.
+        awaited from all ranks at once, so whichever rank fails first is reported. Only
+        a method *name* crosses the pipe: upstream also ships callables (with
+        cloudpickle), which would let any code through the workers' pipes.
         """
+        if not isinstance(method, str):
+            raise TypeError(
+                "MultiprocExecutor.collective_rpc takes the name of a Worker method; a "
+                f"callable ({method!r}) would have to be pickled to reach the worker "
+                "processes. Call a Worker method by name instead."
+            )
         if self._dead_reason is not None:
             raise RuntimeError(f"the tensor-parallel workers are shut down: {self._dead_reason}")
-        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((method, args, kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for conn in self.conns:
                 conn.send_bytes(data)
@@ -164,12 +180,12 @@ class MultiprocExecutor(Executor):
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` on every rank."""
-        self.collective_rpc("initialize_kv_cache", num_blocks)
+        self.collective_rpc("initialize_kv_cache", (num_blocks,))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Send the step's diff to every rank; return rank 0's sampled tokens."""
         msg = self._encoder.encode(scheduler_output)
-        return self.collective_rpc("execute_model", msg)[0]
+        return self.collective_rpc("execute_model", (msg,))[0]
 
     def shutdown(self, graceful: bool = True) -> None:
         """Stop every worker; idempotent.
@@ -191,7 +207,7 @@ def _terminate_workers(
     if graceful:
         for conn in conns:
             with contextlib.suppress(OSError):  # that worker is already gone
-                conn.send_bytes(pickle.dumps((_SHUTDOWN, ())))
+                conn.send_bytes(pickle.dumps((_SHUTDOWN, (), {})))
         _join_all(workers, timeout=5.0)
     for proc in workers:
         if proc.is_alive():
@@ -237,13 +253,13 @@ def worker_main(
     try:
         while True:
             try:
-                method, args = pickle.loads(conn.recv_bytes())
+                method, args, kwargs = pickle.loads(conn.recv_bytes())
             except EOFError:
                 return  # the engine closed its end: it is gone
             if method == _SHUTDOWN:
                 return
             try:
-                reply: tuple = ("ok", getattr(worker, method)(*args))
+                reply: tuple = ("ok", getattr(worker, method)(*args, **kwargs))
             except Exception as exc:
                 reply = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
             conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))

@@ -7,6 +7,9 @@ every collective is the identity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.executor.abstract import Executor
@@ -37,3 +40,15 @@ class UniProcExecutor(Executor):
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
         """Queue the step on this process's device and return before it finishes."""
         return self.model_runner.execute_model_async(scheduler_output)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Call ``method`` on the in-process runner: a list of one result (one rank)."""
+        kwargs = kwargs or {}
+        if isinstance(method, str):
+            return [getattr(self.model_runner, method)(*args, **kwargs)]
+        return [method(self.model_runner, *args, **kwargs)]

@@ -94,16 +94,19 @@ def test_a_step_stays_in_flight_and_its_tokens_are_filled_on_the_device(
 ) -> None:
     llm = _llm(model_dir, True)
     engine = llm.llm_engine
-    runner = engine.model_runner
     fills: list[int] = []
-    original = runner._placeholder_sources
 
-    def counting(placeholders):
-        if placeholders:
-            fills.append(len(placeholders))
-        return original(placeholders)
+    def count_fills(runner) -> None:
+        original = runner._placeholder_sources
 
-    monkeypatch.setattr(runner, "_placeholder_sources", counting)
+        def counting(placeholders):
+            if placeholders:
+                fills.append(len(placeholders))
+            return original(placeholders)
+
+        monkeypatch.setattr(runner, "_placeholder_sources", counting)
+
+    llm.collective_rpc(count_fills)
     core = engine.engine_core.engine_core
     for prompt in PROMPTS[:2]:
         engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=6))

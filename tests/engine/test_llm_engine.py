@@ -127,7 +127,7 @@ def test_triton_backend_matches_hf_on_cpu(tmp_path) -> None:
     expected = _hf_greedy(path, prompts, max_tokens)
     llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=64,
               attention_backend="triton", max_num_batched_tokens=24)
-    assert llm.llm_engine.model_runner.attn_backend.name == "triton"
+    assert llm.collective_rpc(lambda runner: runner.attn_backend.name) == ["triton"]
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in max_tokens]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected

@@ -69,8 +69,13 @@ def test_tp2_matches_tp1_and_hf(tmp_path, case: str) -> None:
     tp1 = _run(LLM(str(path), **kwargs), prompts)
     with LLM(str(path), tensor_parallel_size=2, **kwargs) as llm:
         executor = llm.llm_engine.engine_core.engine_core.model_executor
-        assert llm.llm_engine.model_runner is None  # the model lives in the workers
         assert executor.kv_spec.num_kv_heads == kv_heads_per_rank
+        # The model lives in the workers: a method name reaches every rank, a callable
+        # (it would have to be pickled) is refused.
+        specs = llm.collective_rpc("get_kv_spec")
+        assert [s.num_kv_heads for s in specs] == [kv_heads_per_rank] * 2
+        with pytest.raises(TypeError, match="name of a Worker method"):
+            llm.collective_rpc(lambda worker: worker.rank)
         tp2 = _run(llm, prompts)
         preemptions = llm.llm_engine.stats.num_preemptions
     assert tp2 == tp1

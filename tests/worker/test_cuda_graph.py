@@ -28,8 +28,8 @@ def test_graphs_equal_eager(tmp_path, arch: str) -> None:
         llm = LLM(str(path), dtype="float32", device="cuda", max_model_len=256,
                   max_num_seqs=8, num_kv_blocks=128, enforce_eager=eager,
                   attention_backend="triton")
-        runner = llm.llm_engine.model_runner
-        assert (runner.cuda_graph_runner is None) == eager
+        has_graphs = llm.collective_rpc(lambda runner: runner.cuda_graph_runner is not None)
+        assert has_graphs == [not eager]
         outs = llm.generate(prompts, params, use_tqdm=False)
         results[eager] = [o.outputs[0].token_ids for o in outs]
         del llm
