@@ -142,3 +142,19 @@ def test_token_id_outside_vocabulary(llm: LLM) -> None:
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate({"prompt_token_ids": [3, 100000]}, use_tqdm=False)
     _assert_nothing_allocated(llm)
+
+
+def test_a_second_concurrent_generate_is_refused_with_a_clear_error(llm: LLM) -> None:
+    # Another thread inside generate() holds the lock; this call must not interleave.
+    with llm._lock, pytest.raises(RuntimeError, match="already running in another thread"):
+        llm.generate("abc", SamplingParams(max_tokens=2), use_tqdm=False)
+    assert llm.generate("abc", SamplingParams(max_tokens=2), use_tqdm=False)[0].finished
+
+
+def test_generate_refuses_requests_it_did_not_add(llm: LLM) -> None:
+    rid = llm.llm_engine.add_request("abc", SamplingParams(max_tokens=3))
+    with pytest.raises(RuntimeError, match="did not add"):
+        llm.generate("xyz", SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.llm_engine.abort_request([rid])
+    _assert_nothing_allocated(llm)
+    assert llm.generate("xyz", SamplingParams(max_tokens=2), use_tqdm=False)[0].finished

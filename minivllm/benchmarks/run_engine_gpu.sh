@@ -7,6 +7,11 @@ out=${1:-/tmp/minivllm-out}
 mode=${2:-engine}
 mkdir -p "$out/prof"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+# The engine core's transport (pyzmq, msgspec) is not in the GPU image and there is no
+# network: install the carried wheels (.whl/, see run_serve_gpu.sh) first.
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --find-links .whl pyzmq msgspec 2>&1 | tail -n 3
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
 bench() { python3 -m minivllm.cli bench "$@" 2>&1 | grep -v Warning | tail -n 5; }
