@@ -15,29 +15,6 @@ from collections.abc import Sequence
 from minivllm.engine.arg_utils import EngineArgs
 
 
-def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine arguments (see minivllm.EngineArgs)")
-    group.add_argument(
-        "--model", default=None, help="model folder or hub id (default: the built-in demo model)"
-    )
-    for f in dataclasses.fields(EngineArgs):
-        if f.name == "model":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool, "bool | None"):  # None = "decide automatically"
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
-            group.add_argument(flag, type=kind, default=f.default)
-
-
-def engine_args_from_namespace(ns: argparse.Namespace, model: str) -> EngineArgs:
-    """Collect the engine-argument fields of a parsed namespace."""
-    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)}
-    values["model"] = model
-    return EngineArgs(**values)
-
-
 def _cmd_generate(ns: argparse.Namespace) -> int:
     from minivllm.llm import LLM
     from minivllm.sampling_params import SamplingParams
@@ -52,7 +29,8 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
             "(a 5.5M-parameter Llama trained on the King James Bible; pass --model for "
             "a real checkpoint)"
         )
-    llm = LLM(**dataclasses.asdict(engine_args_from_namespace(ns, model)))
+    ns.model = model
+    llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(ns)))
     params = SamplingParams(
         temperature=ns.temperature,
         top_p=ns.top_p,
@@ -114,13 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed-sampling", type=int, default=None, help="per-request sampling seed")
     gen.add_argument("--ignore-eos", action="store_true")
-    _add_engine_args(gen)
+    EngineArgs.add_cli_args(gen)
     gen.set_defaults(func=_cmd_generate)
     from minivllm.entrypoints.openai.cli_args import make_arg_parser
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (docs/api_server.md)")
     make_arg_parser(serve)
-    _add_engine_args(serve)
+    EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_cmd_serve)
     bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -129,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("trace", help="run prompts under the engine tracer and save its pictures")
     trace_cli.add_trace_args(tr)
-    _add_engine_args(tr)
+    EngineArgs.add_cli_args(tr)
     trace_cli.set_trace_engine_defaults(tr)
     tr.set_defaults(func=trace_cli.run_trace)
     return parser

@@ -7,13 +7,12 @@ import argparse
 
 import pytest
 
-from minivllm.cli import _add_engine_args, engine_args_from_namespace
+from minivllm.engine.arg_utils import EngineArgs
 
 
 def _parse(*argv: str):
-    parser = argparse.ArgumentParser()
-    _add_engine_args(parser)
-    return engine_args_from_namespace(parser.parse_args(argv), "some/model")
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    return EngineArgs.from_cli_args(parser.parse_args(["--model", "some/model", *argv]))
 
 
 def test_defaults_match_engine_args() -> None:

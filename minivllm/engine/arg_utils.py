@@ -1,12 +1,16 @@
 """User-facing engine arguments and their resolution into a checked configuration.
 
 Upstream counterpart: ``vllm/engine/arg_utils.py`` (``EngineArgs``,
-``EngineArgs.create_engine_config``). Names and meanings follow vLLM; the defaults are
-documented on each field. Every check happens here, before anything is allocated.
+``EngineArgs.create_engine_config``, ``EngineArgs.add_cli_args``,
+``EngineArgs.from_cli_args``). Names and meanings follow vLLM; the defaults are
+documented on each field. Every check happens here, before anything is allocated. The
+command-line flags are generated from the same fields, so every command that starts an
+engine (``generate``, ``serve``, ``trace``) accepts the same names as the Python API.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -94,6 +98,35 @@ class EngineArgs:
                 f"unknown engine argument(s) {unknown}; known: {sorted(known - {'model'})}"
             )
         return cls(model=model, **kwargs)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one flag per field (``max_num_seqs`` -> ``--max-num-seqs``) to ``parser``.
+
+        A boolean becomes an on/off pair (``--enforce-eager`` / ``--no-enforce-eager``);
+        a tri-state ``bool | None`` stays None unless either flag is given.
+        """
+        group = parser.add_argument_group("engine arguments (see minivllm.EngineArgs)")
+        group.add_argument(
+            "--model",
+            default=None,
+            help="model folder or hub id (default: the built-in demo model)",
+        )
+        for f in dataclasses.fields(EngineArgs):
+            if f.name == "model":
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if f.type in ("bool", bool, "bool | None"):  # None = "decide automatically"
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            else:
+                kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
+                group.add_argument(flag, type=kind, default=f.default)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """The engine arguments of a namespace parsed with ``add_cli_args``."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
     def create_engine_config(self) -> VllmConfig:
         """Validate every argument and resolve defaults into a ``VllmConfig``."""

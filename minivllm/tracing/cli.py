@@ -64,7 +64,7 @@ def run_trace(ns: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")  # files only; never open a window
 
-    from minivllm.cli import engine_args_from_namespace
+    from minivllm.engine.arg_utils import EngineArgs
     from minivllm.llm import LLM
     from minivllm.sampling_params import SamplingParams
     from minivllm.tracing.plots import save_trace_figures
@@ -72,12 +72,11 @@ def run_trace(ns: argparse.Namespace) -> int:
 
     if ns.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {ns.max_tokens}")
-    model = ns.model
-    if model is None:
+    if ns.model is None:
         from minivllm.demo import demo_model_path
 
-        model = str(demo_model_path())
-    llm = LLM(**vars(engine_args_from_namespace(ns, model)))
+        ns.model = str(demo_model_path())
+    llm = LLM(**vars(EngineArgs.from_cli_args(ns)))
     if ns.prompts:
         prompts: list = list(ns.prompts)
     elif llm.get_tokenizer() is not None:

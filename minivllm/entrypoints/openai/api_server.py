@@ -181,11 +181,11 @@ async def run_server_async(args: argparse.Namespace) -> None:
     """Start the engine, build the app, serve until uvicorn is told to stop."""
     import uvicorn
 
-    from minivllm.cli import engine_args_from_namespace
+    from minivllm.engine.arg_utils import EngineArgs
     from minivllm.engine.async_llm import AsyncLLM
     from minivllm.metrics.loggers import PrometheusStatLogger
 
-    engine_args = engine_args_from_namespace(args, args.model)
+    engine_args = EngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config()
     # One name for the responses, /v1/models and the metrics' model_name label.
     args.served_model_name = args.served_model_name or [args.model]
