@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 from minivllm.request import BlockHash
 
 if TYPE_CHECKING:
-    import torch
-
     from minivllm.request import Request
 
 NONE_HASH: BlockHash = hashlib.sha256(b"minivllm prefix-cache root").digest()
@@ -217,23 +215,25 @@ def get_request_block_hasher(block_size: int) -> Callable[[Request], list[BlockH
     return request_block_hasher
 
 
-def page_size_bytes(block_size: int, num_kv_heads: int, head_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block occupies in one layer: its K and its V, ``2*B*KVH*D*itemsize``.
+def page_size_bytes(block_size: int, num_kv_heads: int, head_size: int, dtype_size: int) -> int:
+    """Bytes one block occupies in one layer: its K and its V, ``2*B*KVH*D*dtype_size``.
 
     Args:
         block_size: Tokens per block.
         num_kv_heads: KV heads stored by this process (after tensor-parallel split).
         head_size: Dimension of one head.
-        dtype: Element type of the cache, e.g. ``torch.bfloat16``.
+        dtype_size: Bytes per element of the cache (``torch.bfloat16.itemsize`` is 2);
+            a number, so that the scheduler's side never imports torch.
     """
     for name, value in (
         ("block_size", block_size),
         ("num_kv_heads", num_kv_heads),
         ("head_size", head_size),
+        ("dtype_size", dtype_size),
     ):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    return 2 * block_size * num_kv_heads * head_size * dtype.itemsize
+    return 2 * block_size * num_kv_heads * head_size * dtype_size
 
 
 def get_num_blocks(available_bytes: int, page_size_bytes: int, num_layers: int) -> int:

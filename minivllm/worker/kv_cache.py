@@ -38,7 +38,9 @@ class KVCacheSpec:
     @property
     def page_size_bytes(self) -> int:
         """Bytes one block takes in one layer: K and V for ``block_size`` tokens."""
-        return page_size_bytes(self.block_size, self.num_kv_heads, self.head_size, self.dtype)
+        return page_size_bytes(
+            self.block_size, self.num_kv_heads, self.head_size, self.dtype.itemsize
+        )
 
     @property
     def block_bytes_all_layers(self) -> int:

@@ -142,14 +142,14 @@ def test_hasher_rejects_bad_block_size() -> None:
 
 
 def test_page_size_bytes() -> None:
-    assert page_size_bytes(16, 8, 128, torch.bfloat16) == 2 * 16 * 8 * 128 * 2
-    assert page_size_bytes(1, 1, 1, torch.float32) == 8
+    assert page_size_bytes(16, 8, 128, torch.bfloat16.itemsize) == 2 * 16 * 8 * 128 * 2
+    assert page_size_bytes(1, 1, 1, torch.float32.itemsize) == 8
     with pytest.raises(ValueError, match="num_kv_heads"):
-        page_size_bytes(16, 0, 128, torch.float16)
+        page_size_bytes(16, 0, 128, torch.float16.itemsize)
 
 
 def test_get_num_blocks() -> None:
-    page = page_size_bytes(16, 8, 128, torch.bfloat16)
+    page = page_size_bytes(16, 8, 128, torch.bfloat16.itemsize)
     assert get_num_blocks(page * 28 * 100 + page - 1, page, 28) == 100
     assert get_num_blocks(-5, page, 28) == 0
     with pytest.raises(ValueError, match="num_layers"):
