@@ -95,6 +95,27 @@ class SchedulerConfig:
     max_model_len: int = 2048
     async_scheduling: bool = False
 
+    def __post_init__(self) -> None:
+        """The budgets the scheduler can work with, checked wherever a config is built
+        (upstream: ``SchedulerConfig.__post_init__`` and ``verify_max_model_len``)."""
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be at least 1, got {value}")
+        if self.max_model_len < 2:
+            raise ValueError(
+                f"SchedulerConfig.max_model_len must be at least 2 (one prompt token and one "
+                f"generated token), got {self.max_model_len}"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            # Without chunking a (resumed) request must be prefilled in one step; a request
+            # longer than the budget would wait forever.
+            raise ValueError(
+                f"SchedulerConfig.max_num_batched_tokens={self.max_num_batched_tokens} is "
+                f"smaller than max_model_len={self.max_model_len}; that needs "
+                f"enable_chunked_prefill=True"
+            )
+
 
 @dataclass
 class ParallelConfig:

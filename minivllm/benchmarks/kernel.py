@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from minivllm.benchmarks.common import measure_copy_bandwidth
+from minivllm.benchmarks.common import environment, measure_copy_bandwidth
 from minivllm.utils.math_utils import cdiv
 
 # Qwen3-0.6B attention: 16 query heads, 8 KV heads, head size 128; vLLM's block size 16.
@@ -278,23 +276,12 @@ def _fits(batch: int, context: int) -> bool:
     return need < free
 
 
-def _command_line() -> str:
-    # Run as a module, argv[0] is this file's path; say how it was invoked instead.
-    if sys.argv[0].endswith("kernel.py"):
-        return " ".join(["python3 -m minivllm.benchmarks.kernel", *sys.argv[1:]])
-    return " ".join(["minivllm", *sys.argv[1:]])
-
-
 def _environment() -> dict:
-    import triton
-
+    """Every benchmark's environment, plus what the kernels' timings depend on."""
     props = torch.cuda.get_device_properties(0)
     return {
-        "command": _command_line(),
-        "gpu": torch.cuda.get_device_name(0), "sm_count": props.multi_processor_count,
-        "torch": torch.__version__, "triton": triton.__version__,
-        "cuda": torch.version.cuda, "python": platform.python_version(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **environment(),
+        "sm_count": props.multi_processor_count,
         "shapes": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS,
                    "head_size": HEAD_SIZE, "block_size": BLOCK_SIZE, "dtype": str(DTYPE)},
     }

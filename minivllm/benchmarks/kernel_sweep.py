@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 from minivllm.attention.triton_unified_attention import (
     AttentionLaunchConfig,
     launch_unified_attention,
 )
+from minivllm.benchmarks.common import environment, measure_copy_bandwidth
 from minivllm.benchmarks.kernel import (
     DTYPE,
     HEAD_SIZE,
@@ -29,7 +29,6 @@ from minivllm.benchmarks.kernel import (
     NUM_KV_HEADS,
     _bench_graph,
     make_paged_kv,
-    measure_copy_bandwidth,
 )
 
 DECODE_SHAPES = ((64, 8192), (8, 8192), (1, 32768))
@@ -166,9 +165,7 @@ def sweep_prefill(batch: int = 1, new: int = 8192) -> list[dict]:
 def main() -> None:
     """Run both sweeps and write the JSON given on the command line."""
     copy_bw = measure_copy_bandwidth()
-    result = {"command": "python -m minivllm.benchmarks.kernel_sweep " + " ".join(sys.argv[1:]),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "triton": triton.__version__, "copy_bandwidth_bytes_per_s": copy_bw}
+    result = {**environment(), "copy_bandwidth_bytes_per_s": copy_bw}
     if "--ragged-only" not in sys.argv:
         result["decode"] = sweep_decode(copy_bw)
         result["prefill"] = sweep_prefill()

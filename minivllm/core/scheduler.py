@@ -59,23 +59,8 @@ class Scheduler:
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+        # The config checked its budgets when it was built (SchedulerConfig.__post_init__).
         cfg = scheduler_config
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(cfg, name)
-            if value < 1:
-                raise ValueError(f"SchedulerConfig.{name} must be at least 1, got {value}")
-        if cfg.max_model_len < 2:
-            raise ValueError(
-                f"SchedulerConfig.max_model_len must be at least 2 (one prompt token and one "
-                f"generated token), got {cfg.max_model_len}"
-            )
-        if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
-            # Without chunking a (resumed) request must be prefilled in one step; a request
-            # longer than the budget would wait forever.
-            raise ValueError(
-                f"SchedulerConfig.max_num_batched_tokens={cfg.max_num_batched_tokens} is smaller "
-                f"than max_model_len={cfg.max_model_len}; that needs enable_chunked_prefill=True"
-            )
         self.scheduler_config = cfg
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = cfg.max_num_seqs
