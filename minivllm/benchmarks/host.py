@@ -74,9 +74,13 @@ def measure_batch(llm: Any, batch: int, prompt_len: int, steps: int) -> dict[str
     ``other`` (the engine's own output processing and bookkeeping).
     """
     from minivllm import SamplingParams
+    from minivllm.sampling_params import RequestOutputKind
 
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 4, ignore_eos=True)
+    # FINAL_ONLY, as LLM.generate sends: a stream (DELTA/CUMULATIVE) adds detokenizing
+    # every request every step, which the server's front end does in its own process.
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 4, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
     for i in range(batch):
         engine.add_request({"prompt_token_ids": [(i + j) % 500 + 5 for j in range(prompt_len)]},
                            params)

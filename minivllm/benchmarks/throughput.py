@@ -148,7 +148,7 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     print(f"minivllm: {mini['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s "
           f"({mini['fraction_of_roofline']:.0%} of the {roof.max_output_tokens_per_s:.0f} "
           f"tok/s roofline)", flush=True)
-    if args.compare_sync and llm.llm_engine.async_scheduling:
+    if args.compare_sync and llm.llm_engine.engine_core.engine_core.async_scheduling:
         result["sync"] = compare_sync(llm, workload, seconds)
     if args.profile_dir:
         result["profile"] = profile_full_batch(llm, workload, Path(args.profile_dir))
@@ -170,12 +170,12 @@ def compare_sync(llm, workload: Workload, async_seconds: float) -> dict[str, Any
     The same engine (same KV pool, same captured graphs) with its step loop switched, so
     the difference is the overlap alone.
     """
-    engine = llm.llm_engine
-    engine.async_scheduling = False
+    core = llm.llm_engine.engine_core.engine_core  # the EngineCore owns the step loop
+    core.async_scheduling = False
     try:
         seconds = generate_workload(llm, workload)
     finally:
-        engine.async_scheduling = True
+        core.async_scheduling = True
     out = {"seconds": seconds, "output_tokens_per_s": workload.num_output_tokens / seconds,
            "async_speedup": seconds / async_seconds}
     print(f"synchronous steps: {out['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s; "
