@@ -60,6 +60,9 @@ class AsyncLLM:
         multiprocess: Run the core in its own process (True) or in a thread of this one
             (False: notebooks and tests; same sockets, same code).
         model_name: The name clients use for the model (default: ``engine_args.model``).
+
+    The core process is started with ``spawn``, which re-imports the calling script: a
+    script that builds an ``AsyncLLM`` needs an ``if __name__ == "__main__":`` guard.
     """
 
     def __init__(
