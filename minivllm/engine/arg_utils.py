@@ -51,8 +51,10 @@ class EngineArgs:
         num_kv_blocks: KV pool size in blocks; None sizes it from free memory on CUDA
             (see ``gpu_memory_utilization``) and from ``cpu_kv_cache_space`` on the CPU.
         gpu_memory_utilization: Fraction of the GPU's memory the engine may fill.
-        cpu_kv_cache_space: GiB of KV cache on the CPU when num_kv_blocks is None
-            (vLLM's VLLM_CPU_KVCACHE_SPACE, default 4 as there).
+        cpu_kv_cache_space: GiB of KV cache on the CPU when num_kv_blocks is None.
+            The default of 4 is minivllm's choice: vLLM's VLLM_CPU_KVCACHE_SPACE is unset
+            by default, and its CPU worker then sizes the cache from the NUMA node's
+            memory (gpu_memory_utilization of it, less what the process uses).
         max_num_seqs: Most requests scheduled in one step.
         max_num_batched_tokens: Most tokens in one step (default 8192, raised to
             max_model_len when chunked prefill is off).
