@@ -41,6 +41,8 @@ CHROMIUM_FLAGS = (
     "--hide-scrollbars",
     "--window-size=1280,900",
     "--remote-debugging-pipe",
+    # The network is off: no host name resolves, so only the local server and file:// load.
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
 )
 TIMEOUT_S = 60.0
 
@@ -252,3 +254,96 @@ def test_browser_follows_mini_link_to_its_line(served_site: str, artifacts: Path
         assert shown[1] == landed["number"], (link, landed)
     assert line_defines(landed["code"], link["symbol"]), (link, landed)
 
+
+def _chapter_with_mermaid() -> str:
+    """The Architecture chapter, which draws its diagrams with mermaid."""
+    assert "```mermaid" in (DOCS_DIR / "architecture.md").read_text(encoding="utf-8")
+    return "architecture"
+
+
+MERMAID_PAGE = """(() => ({
+  diagrams: document.querySelectorAll('article div.mermaid').length,
+}))()"""
+
+
+def _svg_diagrams(browser: DevTools) -> int:
+    """How many div.mermaid hold an <svg> in their shadow root.
+
+    The theme renders each diagram into a closed shadow root, which page scripts cannot
+    read; the DevTools DOM, asked to pierce shadow roots, can.
+    """
+    root = browser.call("DOM.getDocument", depth=-1, pierce=True)["root"]
+
+    def has_svg(node: dict) -> bool:
+        return node.get("localName") == "svg" or any(
+            has_svg(child) for child in node.get("children", []) + node.get("shadowRoots", [])
+        )
+
+    def count(node: dict) -> int:
+        attrs = node.get("attributes", [])
+        classes = dict(zip(attrs[::2], attrs[1::2])).get("class", "").split()
+        if node.get("localName") == "div" and "mermaid" in classes:
+            return int(any(has_svg(r) for r in node.get("shadowRoots", [])))
+        return sum(count(c) for c in node.get("children", []) + node.get("shadowRoots", []))
+
+    return count(root)
+
+
+def _rendered_mermaid(browser: DevTools, url: str, blocks: int) -> dict:
+    """Open a page and wait until its mermaid blocks are SVGs (or time out); the final state."""
+    browser.navigate(url)
+    deadline = time.monotonic() + 20
+    while True:
+        state = browser.evaluate(MERMAID_PAGE)
+        state["svgs"] = _svg_diagrams(browser)
+        if state["svgs"] == blocks or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    requested = [
+        e["params"]["request"]["url"]
+        for e in browser.events
+        if e.get("method") == "Network.requestWillBeSent"
+    ]
+    state["mermaidUrls"] = [u for u in requested if "mermaid" in u]
+    state["cdnUrls"] = [u for u in requested if "unpkg.com" in u or "jsdelivr" in u]
+    browser.evaluate(  # the first diagram just below the header, for the screenshot
+        "(e => e && scrollTo(0, e.getBoundingClientRect().top + scrollY - 64))"
+        "(document.querySelector('article .mermaid'))"
+    )
+    time.sleep(0.2)
+    return state
+
+
+def test_browser_renders_mermaid_offline(built_site, served_site: str, artifacts: Path, tmp_path):
+    """Diagrams render from the vendored mermaid, served or read from file://, network off.
+
+    The theme fetches mermaid from unpkg unless the page already has it; with no host
+    resolving, a CDN copy cannot load, so a missing vendored file leaves the source text.
+    """
+    binary = _chromium()
+    if binary is None:
+        pytest.skip("Chromium is not installed (apt-get install -y chromium)")
+    site, _ = built_site
+    chapter = _chapter_with_mermaid()
+    page = (site / chapter / "index.html").read_text(encoding="utf-8")
+    blocks = page.count('<pre class="mermaid">')
+    assert blocks > 0, f"the built {chapter} page has no mermaid block"
+    roots = {"served": served_site, "file": site.as_uri()}
+    urls = {"served": f"{served_site}/{chapter}/", "file": (site / chapter / "index.html").as_uri()}
+    browser = DevTools(binary, tmp_path / "chromium-profile")
+    try:
+        browser.open_page()
+        browser.call("DOM.enable")
+        browser.call("Network.enable")
+        states = {}
+        for how, url in urls.items():
+            states[how] = _rendered_mermaid(browser, url, blocks)
+            browser.screenshot(artifacts / f"{chapter}-mermaid-{how}.png")
+    finally:
+        browser.close()
+
+    for how, state in states.items():
+        assert state["svgs"] == blocks and state["diagrams"] == blocks, (how, blocks, state)
+        assert not state["cdnUrls"], (how, state)
+        assert state["mermaidUrls"], (how, state)  # mermaid came from the site itself
+        assert all(u.startswith(roots[how] + "/") for u in state["mermaidUrls"]), (how, state)
