@@ -11,10 +11,38 @@ U+FFFD means a character is still incomplete, so nothing is emitted yet.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import tokenizers
+import transformers
 
 # Tokens of context decoded before the new ones; enough for any merge or space marker.
 _CONTEXT_TOKENS = 5
+
+
+def fast_decoder(tokenizer: Any) -> Callable[..., str] | None:
+    """The Rust ``tokenizers.Tokenizer.decode`` behind ``tokenizer``, where calling it
+    directly gives exactly what ``tokenizer.decode`` gives; else None.
+
+    Why: a stream decodes twice per token per request, and transformers' Python wrapper
+    (input conversion, kwargs, the clean-up check) costs several times the Rust decode
+    itself; with hundreds of streams that shows in every engine step the front end
+    processes. The wrapper adds nothing when the class keeps transformers' own
+    ``decode`` and ``_decode`` and does not clean up tokenization spaces, so only then
+    is it skipped.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    fast_cls = transformers.PreTrainedTokenizerFast
+    if (
+        isinstance(backend, tokenizers.Tokenizer)
+        and isinstance(tokenizer, fast_cls)
+        and type(tokenizer).decode is fast_cls.decode
+        and type(tokenizer)._decode is fast_cls._decode
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    ):
+        return backend.decode
+    return None
 
 
 class IncrementalDetokenizer:
@@ -49,8 +77,11 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         self.output_text = ""
         self.num_output_tokens = 0  # output ids consumed so far
+        self._fast_decode = fast_decoder(tokenizer)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._fast_decode is not None:
+            return self._fast_decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def update(self, new_token_ids: list[int]) -> str:

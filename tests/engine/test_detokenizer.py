@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from minivllm.engine.detokenizer import IncrementalDetokenizer, check_stop_strings
+from minivllm.engine.detokenizer import IncrementalDetokenizer, check_stop_strings, fast_decoder
 from tests.tiny_models import add_tiny_tokenizer
 
 
@@ -38,6 +38,30 @@ def test_random_ids_incremental(tokenizer) -> None:
     full = tokenizer.decode(ids)
     # A trailing incomplete character may still be held back at the very end.
     assert full.startswith(detok.output_text) and len(full) - len(detok.output_text) <= 1
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_the_rust_decode_shortcut_gives_the_tokenizers_text(
+    tokenizer, skip_special_tokens: bool
+) -> None:
+    decode = fast_decoder(tokenizer)
+    assert decode is not None  # a fast tokenizer without clean-up: the shortcut applies
+    rng = random.Random(1)
+    special = list(tokenizer.all_special_ids)
+    for _ in range(50):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 8))]
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(special))
+        assert decode(ids, skip_special_tokens=skip_special_tokens) == tokenizer.decode(
+            ids, skip_special_tokens=skip_special_tokens
+        )
+
+
+def test_the_rust_decode_shortcut_is_not_taken_when_transformers_would_clean_up(
+    tokenizer, monkeypatch
+) -> None:
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    assert fast_decoder(tokenizer) is None
+    assert fast_decoder(object()) is None  # not a transformers fast tokenizer
 
 
 def test_stop_string_split_across_tokens() -> None:
