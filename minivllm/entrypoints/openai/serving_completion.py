@@ -14,12 +14,13 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+import msgspec
+
 from minivllm.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
-    CompletionResponseStreamChoice,
     CompletionStreamResponse,
     ErrorResponse,
     UsageInfo,
@@ -40,6 +41,39 @@ ResultStream = AsyncGenerator[tuple[int, RequestOutput], None]
 def sse(payload: str) -> str:
     """One server-sent event."""
     return f"data: {payload}\n\n"
+
+
+_json_encoder = msgspec.json.Encoder()
+
+
+def stream_chunk_json(
+    request_id: str,
+    created: int,
+    model: str,
+    choice: dict[str, Any],
+    include_usage: bool,
+) -> str:
+    """One streamed chunk's JSON: the same text as ``CompletionStreamResponse(...)
+    .model_dump_json(exclude_unset=True)`` (``"usage": null`` with ``include_usage``).
+
+    ``choice`` holds a ``CompletionResponseStreamChoice``'s fields, all of them, in its
+    order, with ``logprobs`` as a plain dict (``CompletionLogProbs.model_dump()``).
+
+    Why not the pydantic model: this runs once per token of every stream, and building
+    and serializing two validated models costs about ten times what msgspec's encoder
+    takes for the same fields in a dict, which at hundreds of streams held the front end
+    back behind the engine core. ``test_serving_completion_json.py`` keeps both in step.
+    """
+    chunk: dict[str, Any] = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if include_usage:
+        chunk["usage"] = None  # OpenAI: "usage": null on all but the last
+    return _json_encoder.encode(chunk).decode()
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -150,27 +184,19 @@ class OpenAIServingCompletion(OpenAIServing):
                     if request.logprobs is not None:
                         chunk_logprobs = self._create_completion_logprobs(
                             token_ids, logprobs, request.logprobs, text_len[i]
-                        )
+                        ).model_dump()
                     text_len[i] += len(text)
                     num_tokens[i] += len(output.token_ids)
-                    chunk = CompletionStreamResponse(
-                        id=request_id,
-                        object="text_completion",
-                        created=created,
-                        model=model,
-                        choices=[
-                            CompletionResponseStreamChoice(
-                                index=i,
-                                text=text,
-                                logprobs=chunk_logprobs,
-                                finish_reason=output.finish_reason,
-                                stop_reason=output.stop_reason,
-                            )
-                        ],
+                    choice = {  # CompletionResponseStreamChoice's fields, in its order
+                        "index": i,
+                        "text": text,
+                        "logprobs": chunk_logprobs,
+                        "finish_reason": output.finish_reason,
+                        "stop_reason": output.stop_reason,
+                    }
+                    yield sse(
+                        stream_chunk_json(request_id, created, model, choice, include_usage)
                     )
-                    if include_usage:
-                        chunk.usage = None  # OpenAI: "usage": null on all but the last
-                    yield sse(chunk.model_dump_json(exclude_unset=True))
             if include_usage:
                 prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
                 usage = UsageInfo(
