@@ -235,19 +235,10 @@ class AsyncLLM:
             self.output_processor.propagate_error(self._dead_error)
         return self._dead_error is not None
 
-    @property
-    def dead_error(self) -> EngineDeadError | None:
-        """The error every request now fails with, once the engine is dead."""
-        return self._dead_error if self.errored else None
-
     async def check_health(self) -> None:
         """Raise ``EngineDeadError`` if the engine can no longer serve."""
         if self.errored:
             raise self._dead_error  # type: ignore[misc]
-
-    async def get_scheduler_stats(self) -> SchedulerStats | None:
-        """The scheduler's counters as of the latest step (None before the first)."""
-        return self.scheduler_stats
 
     def shutdown(self) -> None:
         """Stop the output handler and the engine core (idempotent)."""

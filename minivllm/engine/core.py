@@ -46,7 +46,7 @@ from minivllm.engine import (
     EngineCoreRequestType,
     FinishReason,
 )
-from minivllm.engine.serial_utils import decode_abort, decode_request, encode_outputs
+from minivllm.engine.serial_utils import decode_abort, decode_request, encode
 from minivllm.executor.abstract import Executor
 from minivllm.request import Request, RequestStatus
 from minivllm.runner_outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
@@ -407,7 +407,7 @@ def _process_output_socket(context: zmq.Context, address: str, output_queue: que
     sock.connect(address)
     try:
         while (item := output_queue.get()) is not None:
-            sock.send(encode_outputs(item), copy=False)
+            sock.send(encode(item), copy=False)
     finally:
         sock.close(linger=2000)
 

@@ -70,10 +70,6 @@ class InprocClient:
         """Forget every cached prefix (False while requests hold blocks)."""
         return self.engine_core.reset_prefix_cache()
 
-    def has_work(self) -> bool:
-        """True while the core has requests or a step in flight."""
-        return self.engine_core.has_work()
-
     def collective_rpc(self, method: Any, args: tuple = (), kwargs: dict | None = None) -> list:
         """Run a method on every model worker."""
         return self.engine_core.collective_rpc(method, args, kwargs)

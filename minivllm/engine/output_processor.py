@@ -286,10 +286,6 @@ class OutputProcessor:
         """True while any request awaits outputs."""
         return bool(self.request_states)
 
-    def get_num_unfinished_requests(self) -> int:
-        """Number of (child) requests awaiting outputs."""
-        return len(self.request_states)
-
     def abort_requests(self, request_ids: list[str] | set[str]) -> list[str]:
         """Forget requests (a parent id covers its children); return the ids to abort
         in the core."""

@@ -24,8 +24,6 @@ def encode(message: object) -> bytes:
     return _encoder.encode(message)
 
 
-encode_outputs = encode
-
 
 def decode_request(data: memoryview | bytes) -> EngineCoreRequest:
     """Bytes from the front end's ADD message to an ``EngineCoreRequest``."""
