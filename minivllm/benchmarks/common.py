@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-# Qwen3-0.6B's shape (the workload of ../shared/baselines.md), random weights.
+# Qwen3-0.6B's shape (the model of nano-vllm's published workload), random weights.
 QWEN3_0_6B_SHAPE: dict[str, Any] = dict(
     vocab_size=151936,
     hidden_size=1024,

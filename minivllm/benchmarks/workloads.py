@@ -1,7 +1,6 @@
 """The benchmark workloads, generated exactly as published so numbers are comparable.
 
-The throughput workload is the one nano-vllm and others publish (and that
-``shared/baselines.md`` measured Hugging Face on): 256 requests; with
+The throughput workload is the one nano-vllm and others publish: 256 requests; with
 ``random.seed(0)``, each prompt is ``randint(100, 1024)`` tokens drawn by
 ``randint(0, 10000)``, then each output length is ``randint(100, 1024)``; EOS ignored.
 """
