@@ -279,9 +279,7 @@ class Scheduler:
         for s, token in zip(due, tokens):
             request = s.request
             request.num_output_placeholders -= 1
-            if request.is_finished() or self.requests.get(request.request_id) is not request:
-                # Finished while the step ran (aborted, or, with async scheduling, it
-                # stopped in the step before): this token is past its end.
+            if not self.keeps_token(request):
                 continue
             request.append_output_token_ids(token)
             self.num_generated_tokens += 1
@@ -293,6 +291,14 @@ class Scheduler:
                 self._free_request(request)
                 finished.append(request)
         return finished
+
+    def keeps_token(self, request: Request) -> bool:
+        """Whether a token the model sampled for ``request`` is appended to it.
+
+        Not when the request finished while the step ran (aborted, or, with async
+        scheduling, stopped in the step before): that token is past its end.
+        """
+        return not request.is_finished() and self.requests.get(request.request_id) is request
 
     @staticmethod
     def _tokens_in_batch_order(

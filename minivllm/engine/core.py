@@ -212,14 +212,10 @@ class EngineCore:
         applies the token-level stop rules), and describe each request's gains."""
         runner_output = handle.get_output()
         due = scheduler_output.sampling_requests()
-        requests = self.scheduler.requests
-        # A request finished while the step ran (aborted, or stopped one step earlier
-        # under async scheduling) gets no token from it.
-        live = [
-            (row, s.request)
-            for row, s in enumerate(due)
-            if requests.get(s.request_id) is s.request and not s.request.is_finished()
-        ]
+        # Asked before the scheduler appends: afterwards a request that just finished
+        # looks like one that had finished before the step.
+        keeps = self.scheduler.keeps_token
+        live = [(row, s.request) for row, s in enumerate(due) if keeps(s.request)]
         self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)
         if self.tracer is not None:
             self.tracer.record_step(scheduler_output, self.kv_cache_manager)
@@ -228,7 +224,7 @@ class EngineCore:
             sampled.add(request.request_id)
             outputs.append(self._make_output(request, row, runner_output))
         for rid in runner_output.prompt_logprobs:
-            request = requests.get(rid)
+            request = self.scheduler.requests.get(rid)
             if rid not in sampled and request is not None:  # a prefill chunk, no token yet
                 outputs.append(self._make_output(request, None, runner_output))
 
