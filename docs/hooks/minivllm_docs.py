@@ -8,8 +8,10 @@ Registered in ``mkdocs.yml`` under ``hooks:``. On every build they
 2. generate the API reference (one mkdocstrings page per subpackage, under ``api/``), so
    a new module appears there without anyone editing a page;
 3. rewrite ``mini:``/``vllm:`` links and fill ``python mini:`` include blocks on every
-   page (see ``doclinks.py``); an unresolved one is logged as an error, which fails
-   ``mkdocs build --strict`` and names the page, the line and the link;
+   page (see ``doclinks.py``), and put in the benchmark figures written as
+   ``{{ fig("benchmarks/x.json", "key", "spec") }}`` from the committed JSON (see
+   ``figures.py``); an unresolved one is logged as an error, which fails
+   ``mkdocs build --strict`` and names the page, the line and the link or figure;
 4. drop nav entries of chapters that are not written yet, and warn (failing a strict
    build) about a chapter that exists but is missing from the nav.
 
@@ -26,6 +28,7 @@ import re
 from pathlib import Path
 
 from doclinks import SOURCE_PAGES_DIR, LinkRewriter, load_lock, source_page_uri
+from figures import FigureResolver
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
@@ -40,6 +43,7 @@ API_DIR = "api"
 API_INDEX = f"{API_DIR}/index.md"
 
 _rewriter: LinkRewriter | None = None
+_figures: FigureResolver | None = None
 
 
 # --------------------------------------------------------------------------- source pages
@@ -222,8 +226,9 @@ def _nav_pages(items: list) -> set[str]:
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     """Add the generated pages, and fit the nav to the chapters that exist."""
-    global _rewriter
+    global _rewriter, _figures
     _rewriter = LinkRewriter(REPO_ROOT, load_lock(Path(config.docs_dir) / "vllm.lock.json"))
+    _figures = FigureResolver(Path(config.docs_dir))
     for rel in minivllm_files():
         num_lines = len((REPO_ROOT / rel).read_text(encoding="utf-8").splitlines())
         content = render_source_page(rel, num_lines)
@@ -250,12 +255,16 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
-    """Resolve mini:/vllm: links and include blocks; log an error per unresolved one."""
+    """Resolve mini:/vllm: links, include blocks and benchmark figures.
+
+    Logs an error per unresolved one (naming page and line), which fails a strict build.
+    """
     uri = page.file.src_uri
-    if uri.startswith(f"{SOURCE_PAGES_DIR}/") or _rewriter is None:
+    if uri.startswith(f"{SOURCE_PAGES_DIR}/") or _rewriter is None or _figures is None:
         return markdown
-    text, errors = _rewriter.rewrite(markdown, uri)
-    for error in errors:
+    text, errors = _figures.rewrite(markdown, uri)
+    text, link_errors = _rewriter.rewrite(text, uri)
+    for error in errors + link_errors:
         log.error("docs/%s", error)
     return text
 
