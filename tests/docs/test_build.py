@@ -1,4 +1,4 @@
-"""The site builds strictly, and an unresolved link fails a strict build."""
+"""The site builds strictly, and an unresolved link or figure fails a strict build."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_built_source_links_land_on_existing_anchors(
 
 
 def test_unresolved_link_fails_strict_build(tmp_path: Path) -> None:
-    """A minimal project using the hooks: one bad mini: and one bad vllm: link."""
+    """A minimal project using the hooks: one bad mini: link, one bad vllm: link, one bad figure."""
     pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]'")
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -72,6 +72,7 @@ def test_unresolved_link_fails_strict_build(tmp_path: Path) -> None:
             Good: [](mini:minivllm/request.py#Request).
             Bad: [](mini:minivllm/request.py#NoSuchThing).
             Bad: [](vllm:vllm/v1/request.py#Request).
+            Bad: {{ fig("benchmarks/none.json", "a.b", ".1f") }} ms.
             """
         ),
         encoding="utf-8",
@@ -100,4 +101,6 @@ def test_unresolved_link_fails_strict_build(tmp_path: Path) -> None:
     assert proc.returncode != 0, log
     assert "docs/index.md:4: unresolved link 'mini:minivllm/request.py#NoSuchThing'" in log
     assert "docs/index.md:5: unresolved link 'vllm:vllm/v1/request.py#Request'" in log
+    assert "docs/index.md:6: unresolved figure fig(" in log
+    assert "docs/benchmarks/none.json does not exist" in log
     assert "request.py#Request'" not in log.replace("vllm/v1/request.py#Request'", "")
