@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
-    from minivllm.benchmarks import host, kernel, latency, prefix, serve, throughput
+    from minivllm.benchmarks import host, kernel, latency, prefix, serve, soak, throughput
 
     commands = [
         ("kernel", "paged-attention kernels vs SDPA and copy bandwidth",
@@ -134,6 +134,10 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
         p = bench_sub.add_parser(name, help=help_text)
         add_args(p)
         p.set_defaults(func=lambda ns, run=run: (run(ns), 0)[1])
+    # The soak test's exit status says whether its checks passed.
+    soak_parser = bench_sub.add_parser("soak", help="random requests and aborts: no leak, no drift")
+    soak.add_soak_args(soak_parser)
+    soak_parser.set_defaults(func=soak.run_soak_bench)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
