@@ -26,6 +26,8 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    # Failed inside a step: its logits were not finite, or the step raised.
+    FINISHED_ERROR = enum.auto()
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
@@ -42,6 +44,7 @@ _FINISHED_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 BlockHash = bytes
@@ -88,6 +91,7 @@ class Request:
         self._all_token_ids: list[int] = list(self.prompt_token_ids)
 
         self.status = RequestStatus.WAITING
+        # The stop token or string that ended it; for FINISHED_ERROR, what failed.
         self.stop_reason: int | str | None = None
         self.num_computed_tokens = 0
         # Prompt tokens whose K/V came from the prefix cache when last admitted.
@@ -142,7 +146,7 @@ class Request:
         return RequestStatus.is_finished(self.status)
 
     def get_finished_reason(self) -> str | None:
-        """``"stop"``, ``"length"``, ``"abort"`` or None while running."""
+        """``"stop"``, ``"length"``, ``"abort"``, ``"error"`` or None while running."""
         return RequestStatus.get_finished_reason(self.status)
 
     def __repr__(self) -> str:

@@ -130,8 +130,7 @@ class Scheduler:
                 continue
             num_new = min(
                 # Catch up with every token, including one still in flight ...
-                request.num_tokens + request.num_output_placeholders
-                - request.num_computed_tokens,
+                request.num_tokens + request.num_output_placeholders - request.num_computed_tokens,
                 budget,  # ... as far as the budget allows (chunked prefill)
                 self.max_model_len - request.num_computed_tokens,  # never past the model
             )
@@ -257,6 +256,7 @@ class Scheduler:
         self,
         scheduler_output: SchedulerOutput,
         sampled_token_ids: Mapping[str, int] | Sequence[int],
+        errors: Mapping[str, str] | None = None,
     ) -> list[Request]:
         """Append the sampled tokens, apply the stop rules and free finished requests.
 
@@ -265,9 +265,12 @@ class Scheduler:
             sampled_token_ids: One token per request that was due to sample: a mapping
                 request id -> token, or a list aligned with
                 ``scheduler_output.sampling_requests()``. Partial prefills get nothing.
+            errors: Request id -> why the runner could not sample for it (its logits
+                were not finite). Such a request gets no token: it finishes with
+                ``FINISHED_ERROR`` and the message as its ``stop_reason``.
 
         Returns:
-            The requests that finished in this step, in batch order.
+            The requests that finished in this step (errors included), in batch order.
 
         Raises:
             ValueError: The tokens do not match the requests that were due to sample
@@ -281,15 +284,20 @@ class Scheduler:
             request.num_output_placeholders -= 1
             if not self.keeps_token(request):
                 continue
-            request.append_output_token_ids(token)
-            self.num_generated_tokens += 1
             # Async scheduling can preempt a request while its last step runs; it then
             # waits for recompute, and its token still counts.
             queue = self.running if request.status == RequestStatus.RUNNING else self.waiting
-            if check_stop(request, self.max_model_len):
-                queue.remove(request)
-                self._free_request(request)
-                finished.append(request)
+            error = errors.get(request.request_id) if errors else None
+            if error is not None:
+                request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, error
+            else:
+                request.append_output_token_ids(token)
+                self.num_generated_tokens += 1
+                if not check_stop(request, self.max_model_len):
+                    continue
+            queue.remove(request)
+            self._free_request(request)
+            finished.append(request)
         return finished
 
     def keeps_token(self, request: Request) -> bool:
@@ -344,6 +352,34 @@ class Scheduler:
             self._free_request(request)
             done.append(request)
         return done
+
+    def fail_step(
+        self, scheduler_output: SchedulerOutput, message: str, resend_finished: bool
+    ) -> list[Request]:
+        """Finish with ``FINISHED_ERROR`` every request a failed step scheduled.
+
+        Running the step raised, so none of its results can be trusted: each request
+        it scheduled (if still unfinished and still the same object: ids may be reused)
+        gets ``message`` as its ``stop_reason`` and loses its blocks; other requests run
+        on. The runner and the TP workers' mirrors drop the failed requests' state when
+        the next step names them in ``finished_req_ids``, as for any finished request.
+        ``resend_finished``: the runner may not have read this step's
+        ``finished_req_ids``; name them again next step (dropping state is idempotent).
+        Returns the requests failed here, in batch order.
+        """
+        if resend_finished:
+            self.finished_req_ids |= scheduler_output.finished_req_ids
+        failed = [
+            s.request
+            for s in scheduler_output.scheduled
+            if self.requests.get(s.request_id) is s.request and not s.request.is_finished()
+        ]
+        for request in failed:
+            queue = self.running if request.status == RequestStatus.RUNNING else self.waiting
+            queue.remove(request)
+            request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, message
+            self._free_request(request)
+        return failed
 
     def _free_request(self, request: Request) -> None:
         """Release a finished request's blocks and forget it."""
