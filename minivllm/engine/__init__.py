@@ -20,6 +20,7 @@ import time
 import msgspec
 
 from minivllm.core.sched_output import SchedulerStats
+from minivllm.core.step_record import StepRecord
 from minivllm.runner_outputs import LogprobsLists, PromptLogprobsChunk
 from minivllm.sampling_params import SamplingParams
 
@@ -46,6 +47,9 @@ class EngineCoreRequestType(bytes, enum.Enum):
     ADD = b"\x00"
     ABORT = b"\x01"
     SHUTDOWN = b"\x04"
+    # minivllm's: turn per-step records on (payload: the sampling interval in seconds)
+    # or off (payload: None). Upstream would send a generic UTILITY call instead.
+    STEP_RECORDS = b"\x05"
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -122,12 +126,16 @@ class EngineCoreOutputs(
         scheduler_stats: The scheduler's counters after the step.
         timestamp: ``time.monotonic()`` when the step's results were processed.
         engine_error: Set (with nothing else) when the core failed and is going down.
+        step_records: Pictures of steps as scheduled (``minivllm.core.step_record``),
+            only while a viewer asked for them: at most one per sampling interval, plus
+            one of the freed pool when the engine runs out of work.
     """
 
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
     engine_error: str | None = None
+    step_records: list[StepRecord] = []
 
     def __post_init__(self) -> None:
         if self.timestamp == 0.0:

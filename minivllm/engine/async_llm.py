@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, Iterable
 from typing import Any
@@ -31,6 +32,7 @@ import msgspec
 
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerStats
+from minivllm.core.step_record import StepRecord
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.core_client import AsyncMPClient, engine_args_to_dict
 from minivllm.engine.exceptions import EngineDeadError, EngineGenerateError
@@ -46,6 +48,11 @@ logger = logging.getLogger(__name__)
 
 # Seconds between the periodic log lines of loggers that have one.
 _LOG_INTERVAL_S = 10.0
+# Default sampling interval of step records: a few pictures a second are enough to
+# watch, and building one costs the core a pass over the held and cached blocks.
+STEP_RECORD_INTERVAL_S = 0.25
+# Records a slow subscriber may fall behind before its oldest are dropped.
+_STEP_RECORD_QUEUE_SIZE = 4
 
 
 class AsyncLLM:
@@ -89,6 +96,12 @@ class AsyncLLM:
         self.output_handler: asyncio.Task | None = None
         self._dead_error: EngineDeadError | None = None
         self._last_log = time.monotonic()
+        # Step records for live viewers: the newest, one queue per subscriber, and how
+        # many holders keep recording on (see acquire_step_records).
+        self.latest_step_record: StepRecord | None = None
+        self._step_record_queues: set[asyncio.Queue] = set()
+        self._step_record_holders = 0
+        self._step_record_tasks: set[asyncio.Task] = set()
 
     @classmethod
     def from_engine_args(
@@ -183,6 +196,88 @@ class AsyncLLM:
         if to_abort and self._dead_error is None:
             await self.engine_core.abort_requests_async(to_abort)
 
+    # ---- step records for live viewers ------------------------------------------------
+
+    async def start_step_records(self, interval_s: float = STEP_RECORD_INTERVAL_S) -> None:
+        """Ask the core for a ``StepRecord`` at most every ``interval_s`` seconds (and
+        one of its state now); they arrive in ``latest_step_record`` and
+        ``step_records()``.
+
+        Raises:
+            ValueError: ``interval_s`` is negative or not finite.
+            EngineDeadError: The engine core is gone.
+        """
+        if not (math.isfinite(interval_s) and interval_s >= 0):
+            raise ValueError(f"interval_s must be a finite number >= 0, got {interval_s}")
+        self._start_output_handler()
+        await self.engine_core.set_step_records_async(interval_s)
+
+    async def stop_step_records(self) -> None:
+        """Ask the core to stop sending records (the engine then pays nothing for them)."""
+        if self._dead_error is None:
+            await self.engine_core.set_step_records_async(None)
+
+    async def acquire_step_records(self, interval_s: float = STEP_RECORD_INTERVAL_S) -> None:
+        """Count one more viewer; the first turns recording on."""
+        self._step_record_holders += 1
+        if self._step_record_holders == 1:
+            try:
+                await self.start_step_records(interval_s)
+            except BaseException:
+                self._step_record_holders -= 1
+                raise
+
+    def release_step_records(self) -> None:
+        """Count one viewer less; when none is left, recording stops.
+
+        Not a coroutine, so a viewer's ``finally`` can call it even while it is being
+        cancelled; the stop message is sent by a task of its own.
+        """
+        self._step_record_holders = max(self._step_record_holders - 1, 0)
+        if self._step_record_holders == 0:
+            task = asyncio.get_running_loop().create_task(self._stop_if_unwatched())
+            self._step_record_tasks.add(task)
+            task.add_done_callback(self._step_record_tasks.discard)
+
+    async def _stop_if_unwatched(self) -> None:
+        if self._step_record_holders == 0:  # nobody came back meanwhile
+            await self.stop_step_records()
+
+    @property
+    def step_records_on(self) -> bool:
+        """Whether any viewer holds recording on."""
+        return self._step_record_holders > 0
+
+    async def step_records(
+        self, interval_s: float = STEP_RECORD_INTERVAL_S
+    ) -> AsyncGenerator[StepRecord, None]:
+        """Yield the core's step records as they arrive, starting with one of its state
+        now; recording is on while at least one such iterator is open.
+
+        A subscriber that falls behind loses its oldest records, never holds up the
+        engine or other subscribers.
+        """
+        queue: asyncio.Queue = asyncio.Queue(maxsize=_STEP_RECORD_QUEUE_SIZE)
+        self._step_record_queues.add(queue)
+        try:
+            await self.acquire_step_records(interval_s)
+        except BaseException:
+            self._step_record_queues.discard(queue)
+            raise
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._step_record_queues.discard(queue)
+            self.release_step_records()
+
+    def _publish_step_record(self, record: StepRecord) -> None:
+        self.latest_step_record = record
+        for queue in self._step_record_queues:
+            if queue.full():
+                queue.get_nowait()  # drop this subscriber's oldest
+            queue.put_nowait(record)
+
     # ---- the output handler -----------------------------------------------------------
 
     def _start_output_handler(self) -> None:
@@ -198,6 +293,8 @@ class AsyncLLM:
                 outputs = await self.engine_core.get_output_async()
                 if outputs.scheduler_stats is not None:
                     self.scheduler_stats = outputs.scheduler_stats
+                for record in outputs.step_records:
+                    self._publish_step_record(record)
                 iteration_stats = IterationStats()
                 processed = self.output_processor.process_outputs(
                     outputs.outputs, outputs.timestamp, iteration_stats

@@ -36,6 +36,7 @@ from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_cache_utils import get_request_block_hasher
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.step_record import StepRecord, StepRecorder
 from minivllm.engine import (
     EngineCoreEvent,
     EngineCoreEventType,
@@ -46,7 +47,7 @@ from minivllm.engine import (
     EngineCoreRequestType,
     FinishReason,
 )
-from minivllm.engine.serial_utils import decode_abort, decode_request, encode
+from minivllm.engine.serial_utils import decode_abort, decode_request, decode_step_records, encode
 from minivllm.executor.abstract import Executor
 from minivllm.request import Request, RequestStatus
 from minivllm.runner_outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
@@ -101,6 +102,9 @@ class EngineCore:
         self._events: dict[str, list[EngineCoreEvent]] = {}
         # Set by minivllm.tracing.trace(): records every step when not None.
         self.tracer: Any = None
+        # Live viewers' per-step records (set_step_records); None while nobody watches.
+        self.step_recorder: StepRecorder | None = None
+        self._step_records: list[StepRecord] = []  # the next outputs carry them
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB",
             num_blocks,
@@ -153,6 +157,24 @@ class EngineCore:
         """Run a method on every worker (see ``Executor.collective_rpc``)."""
         return self.model_executor.collective_rpc(method, args, kwargs)
 
+    # ---- step records for live viewers ------------------------------------------------
+
+    def set_step_records(self, interval_s: float | None) -> None:
+        """Attach a ``StepRecord`` to a step's outputs at most every ``interval_s``
+        seconds (0: every step), or stop (None). Off by default.
+
+        Raises:
+            ValueError: ``interval_s`` is negative or not finite.
+        """
+        self.step_recorder = (
+            None if interval_s is None else StepRecorder(self.scheduler, interval_s)
+        )
+        self._step_records = []
+
+    def _take_step_records(self) -> list[StepRecord]:
+        records, self._step_records = self._step_records, []
+        return records
+
     # ---- the loop ---------------------------------------------------------------------
 
     def step(self) -> EngineCoreOutputs:
@@ -174,6 +196,10 @@ class EngineCore:
         if self.scheduler.has_unfinished_requests():
             scheduler_output = self.scheduler.schedule()
             self._record_schedule_events(scheduler_output)
+            if self.step_recorder is not None:
+                record = self.step_recorder.on_schedule(scheduler_output)
+                if record is not None:
+                    self._step_records.append(record)
             handle = self.model_executor.execute_model_async(scheduler_output)
             if run_ahead:
                 previous, self._in_flight = self._in_flight, (scheduler_output, handle)
@@ -184,7 +210,14 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             # Everything finished: the step in flight only computed tokens past the end.
             self._drain(outputs)
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats())
+            if self.step_recorder is not None:
+                # The engine goes idle: show the freed pool, whatever the interval says.
+                self._step_records.append(self.step_recorder.idle_record())
+        return EngineCoreOutputs(
+            outputs=outputs,
+            scheduler_stats=self.scheduler.make_stats(),
+            step_records=self._take_step_records(),
+        )
 
     def _drain(self, outputs: list[EngineCoreOutput]) -> None:
         """Wait for the step in flight, if any, and process it."""
@@ -295,7 +328,23 @@ class EngineCoreProc(EngineCore):
         elif kind == EngineCoreRequestType.ABORT:
             self.abort_requests(payload)
             # Nothing else may step for a while: publish the freed blocks now.
-            self.output_queue.put(EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats()))
+            self._publish_idle_state()
+        elif kind == EngineCoreRequestType.STEP_RECORDS:
+            try:
+                self.set_step_records(payload)
+            except ValueError as exc:  # the front end checks first; never die of it
+                logger.warning("step records: %s", exc)
+                return
+            self._publish_idle_state()
+
+    def _publish_idle_state(self) -> None:
+        """Send the stats now (and, for viewers, a record when no step will follow)."""
+        records = []
+        if self.step_recorder is not None and not self.has_work():
+            records.append(self.step_recorder.idle_record())
+        self.output_queue.put(
+            EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), step_records=records)
+        )
 
 
 def run_engine_core(
@@ -390,6 +439,8 @@ def _process_input_socket(
                 payload: Any = decode_request(data.buffer)
             elif kind == EngineCoreRequestType.ABORT:
                 payload = decode_abort(data.buffer)
+            elif kind == EngineCoreRequestType.STEP_RECORDS:
+                payload = decode_step_records(data.buffer)
             else:
                 payload = None
             input_queue.put((kind, payload))

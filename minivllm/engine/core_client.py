@@ -74,6 +74,10 @@ class InprocClient:
         """Run a method on every model worker."""
         return self.engine_core.collective_rpc(method, args, kwargs)
 
+    def set_step_records(self, interval_s: float | None) -> None:
+        """Attach a ``StepRecord`` to outputs at most every ``interval_s`` s; None: stop."""
+        self.engine_core.set_step_records(interval_s)
+
     def shutdown(self) -> None:
         """Stop the model's worker processes, if any."""
         self.engine_core.shutdown()
@@ -176,6 +180,12 @@ class AsyncMPClient:
         """Ask the core to abort requests."""
         if request_ids:
             await self._send(EngineCoreRequestType.ABORT, encode(list(request_ids)))
+
+    async def set_step_records_async(self, interval_s: float | None) -> None:
+        """Ask the core to attach a ``StepRecord`` to its outputs at most every
+        ``interval_s`` seconds (it sends one of its idle state at once), or to stop
+        (None)."""
+        await self._send(EngineCoreRequestType.STEP_RECORDS, encode(interval_s))
 
     async def get_output_async(self) -> EngineCoreOutputs:
         """Wait for the core's next outputs.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,6 +24,7 @@ import msgspec
 
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerStats
+from minivllm.core.step_record import StepRecord
 from minivllm.engine import EngineCoreRequest
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.core_client import InprocClient
@@ -33,6 +35,9 @@ from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+# How many step records LLMEngine.step_records keeps (the oldest are dropped).
+_MAX_STEP_RECORDS = 4096
 
 __all__ = ["LLMEngine", "PromptType", "load_tokenizer"]
 
@@ -56,6 +61,8 @@ class LLMEngine:
         # The scheduler's counters as of the last step: the one source of the engine's
         # statistics (the summary of `minivllm generate`, the benchmarks).
         self.scheduler_stats: SchedulerStats = self.engine_core.engine_core.scheduler.make_stats()
+        # Filled while start_step_records() is on: the latest records, oldest first.
+        self.step_records: deque[StepRecord] = deque(maxlen=_MAX_STEP_RECORDS)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -145,6 +152,21 @@ class LLMEngine:
         worker's model runner); return the results in rank order."""
         return self.engine_core.collective_rpc(method, args, kwargs)
 
+    def start_step_records(self, interval_s: float = 0.0) -> None:
+        """Keep a ``StepRecord`` (``minivllm.core.step_record``) of a scheduled step at
+        most every ``interval_s`` seconds (0: every step) in ``step_records``, plus one
+        of the freed pool whenever the engine runs out of work. For notebooks; the
+        server's live page uses ``AsyncLLM.step_records``.
+
+        Raises:
+            ValueError: ``interval_s`` is negative or not finite.
+        """
+        self.engine_core.set_step_records(interval_s)
+
+    def stop_step_records(self) -> None:
+        """Stop recording (``step_records`` keeps what it holds)."""
+        self.engine_core.set_step_records(None)
+
     # ---- the loop ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -157,6 +179,7 @@ class LLMEngine:
         outputs = self.engine_core.get_output()
         if outputs.scheduler_stats is not None:
             self.scheduler_stats = outputs.scheduler_stats
+        self.step_records.extend(outputs.step_records)
         processed = self.output_processor.process_outputs(outputs.outputs, outputs.timestamp)
         if processed.reqs_to_abort:
             # Stop strings are found in text, here; the core frees those requests' blocks.

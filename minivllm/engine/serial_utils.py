@@ -16,6 +16,7 @@ from minivllm.engine import EngineCoreOutputs, EngineCoreReadyResponse, EngineCo
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
 _abort_decoder = msgspec.msgpack.Decoder(list[str])
+_step_records_decoder = msgspec.msgpack.Decoder(float | None)
 _outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs | EngineCoreReadyResponse)
 
 
@@ -33,6 +34,11 @@ def decode_request(data: memoryview | bytes) -> EngineCoreRequest:
 def decode_abort(data: memoryview | bytes) -> list[str]:
     """Bytes from the front end's ABORT message to the request ids."""
     return _abort_decoder.decode(data)
+
+
+def decode_step_records(data: memoryview | bytes) -> float | None:
+    """Bytes from the front end's STEP_RECORDS message to the interval (None: stop)."""
+    return _step_records_decoder.decode(data)
 
 
 def decode_outputs(data: memoryview | bytes) -> EngineCoreOutputs | EngineCoreReadyResponse:
