@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException
 
 import minivllm
 from minivllm.engine.exceptions import EngineDeadError
+from minivllm.entrypoints.openai.live import attach_live_view
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -169,6 +170,8 @@ def build_app(
     init_app_state(engine_client, app.state, args)
     if metrics_registry is not None:
         _attach_metrics(app, metrics_registry)
+    # The live view: the page at / and /v1/live[/stream] (docs/live_view.md).
+    attach_live_view(app, engine_client, playground=not getattr(args, "no_playground", False))
     app.add_exception_handler(RequestValidationError, validation_exception_handler)
     app.add_exception_handler(HTTPException, http_exception_handler)
     app.add_exception_handler(Exception, exception_handler)

@@ -35,6 +35,11 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="name(s) the API answers to; the first is put in responses (default: the model)",
     )
     group.add_argument(
+        "--no-playground",
+        action="store_true",
+        help="the live page at / only watches: no prompt box, no burst button",
+    )
+    group.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],

@@ -1,0 +1,236 @@
+"""The live view: a page at ``/`` that watches the engine, and the JSON it reads.
+
+No upstream counterpart: vLLM serves Prometheus metrics at ``/metrics`` for dashboards
+(``vllm/v1/metrics/loggers.py``), nothing per step. Here the engine core's step records
+(``minivllm.core.step_record``) reach the browser:
+
+* ``GET /`` is the page (``minivllm/entrypoints/static/``: plain HTML, CSS and one
+  script; no build step, nothing fetched from the network);
+* ``GET /v1/live`` is the latest record with rolling TTFT, ITL and tokens/s, as JSON
+  (a notebook can read it: docs/live_view.md describes every field);
+* ``GET /v1/live/stream`` pushes the same JSON as server-sent events, one per record.
+
+Records cost the engine core a little, so it makes them only while someone watches:
+each open stream holds recording on, and so does a poll of ``/v1/live`` for
+``POLL_LEASE_S`` seconds after it; when the last viewer leaves, the core is told to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections import deque
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+
+from minivllm.core.sched_output import SchedulerStats
+from minivllm.metrics.loggers import StatLoggerBase
+from minivllm.metrics.stats import IterationStats
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+# Seconds of engine steps the rolling TTFT, ITL and tokens/s cover.
+WINDOW_S = 10.0
+# A poll of /v1/live keeps recording on this long (the page polls nothing: it streams).
+POLL_LEASE_S = 10.0
+# A stream with no new record sends the metrics alone this often, so they stay fresh.
+HEARTBEAT_S = 1.0
+# How long a poll waits for the first record after turning recording on.
+FIRST_RECORD_WAIT_S = 2.0
+
+router = APIRouter()
+
+
+class LiveStatLogger(StatLoggerBase):
+    """Rolling TTFT, ITL and output tokens/s over the last ``window_s`` seconds.
+
+    It is one more stat logger beside the Prometheus one: the same per-step
+    ``IterationStats`` feed both, so the page and ``/metrics`` never disagree about
+    what happened, only about the span (a window here, totals there).
+    """
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        # (time.time(), TTFTs, ITLs, generated tokens) per processed step with tokens.
+        self._steps: deque[tuple[float, list[float], list[float], int]] = deque()
+
+    def record(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
+    ) -> None:
+        """Keep the step's latencies and token count (steps without tokens are skipped)."""
+        if iteration_stats is None or not iteration_stats.num_generation_tokens:
+            return
+        self._steps.append(
+            (
+                iteration_stats.iteration_timestamp,
+                list(iteration_stats.time_to_first_tokens_iter),
+                list(iteration_stats.inter_token_latencies_iter),
+                iteration_stats.num_generation_tokens,
+            )
+        )
+        self._drop_old(time.time())
+
+    def _drop_old(self, now: float) -> None:
+        while self._steps and self._steps[0][0] < now - self.window_s:
+            self._steps.popleft()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The window's figures: see docs/live_view.md ("metrics")."""
+        self._drop_old(time.time())
+        ttfts = [t for _, step, _, _ in self._steps for t in step]
+        itls = [t for _, _, step, _ in self._steps for t in step]
+        tokens = sum(n for *_, n in self._steps)
+        return {
+            "window_s": self.window_s,
+            "ttft_ms": _summary_ms(ttfts),
+            "itl_ms": _summary_ms(itls),
+            "num_generation_tokens": tokens,
+            "tokens_per_s": tokens / self.window_s,
+        }
+
+
+def _summary_ms(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"count": 0, "mean": None, "p50": None, "p90": None}
+    ms = sorted(v * 1000 for v in values)
+    return {
+        "count": len(ms),
+        "mean": statistics.fmean(ms),
+        "p50": ms[len(ms) // 2],
+        "p90": ms[min(len(ms) - 1, int(len(ms) * 0.9))],
+    }
+
+
+class LiveHub:
+    """The live view's state: the stat logger, the viewers, the polling lease.
+
+    Args:
+        engine: The ``AsyncLLM`` (its ``step_records()``, ``latest_step_record`` and
+            ``acquire/release_step_records``).
+        playground: Whether the page may send requests (prompt box, burst button).
+    """
+
+    def __init__(self, engine: Any, playground: bool = True) -> None:
+        self.engine = engine
+        self.playground = playground
+        self.stats = LiveStatLogger()
+        engine.stat_loggers.append(self.stats)
+        self.num_streams = 0
+        self._lease_until = 0.0
+        self._lease_task: asyncio.Task | None = None
+
+    def state(self, record: Any) -> dict[str, Any]:
+        """The JSON object of ``/v1/live`` and of each stream event."""
+        stats = self.engine.scheduler_stats
+        return {
+            "model": self.engine.model_name,
+            "playground": self.playground,
+            "recording": self.engine.step_records_on,
+            "viewers": self.num_streams + (self._lease_task is not None),
+            "record": None if record is None else msgspec.to_builtins(record),
+            "metrics": self.stats.snapshot(),
+            "stats": None if stats is None else msgspec.to_builtins(stats),
+        }
+
+    async def poll(self, watch: bool) -> dict[str, Any]:
+        """``/v1/live``: hold recording on for a while (``watch``) and return the state."""
+        if watch:
+            fresh = self._lease_task is None
+            self._lease_until = time.monotonic() + POLL_LEASE_S
+            if fresh:
+                before = self.engine.latest_step_record
+                await self.engine.acquire_step_records()
+                self._lease_task = asyncio.get_running_loop().create_task(self._end_lease())
+                await self._wait_for_record_after(before)
+        return self.state(self.engine.latest_step_record)
+
+    async def _wait_for_record_after(self, before: Any) -> None:
+        # The core answers a start with a record of its state; wait for it, briefly.
+        deadline = time.monotonic() + FIRST_RECORD_WAIT_S
+        while self.engine.latest_step_record is before and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def _end_lease(self) -> None:
+        try:
+            while (left := self._lease_until - time.monotonic()) > 0:
+                await asyncio.sleep(left)
+        finally:
+            self._lease_task = None
+            self.engine.release_step_records()
+
+    async def stream(self) -> AsyncGenerator[str, None]:
+        """``/v1/live/stream``: one server-sent event per record, metrics alone when the
+        engine is idle; recording stays on until the client goes away."""
+        queue: asyncio.Queue = asyncio.Queue(maxsize=2)
+        self.num_streams += 1
+        pump = asyncio.get_running_loop().create_task(self._pump(queue))
+        try:
+            # What is known now first (another viewer may have turned recording on).
+            yield f"data: {json.dumps(self.state(self.engine.latest_step_record))}\n\n"
+            while True:
+                try:
+                    record = await asyncio.wait_for(queue.get(), HEARTBEAT_S)
+                except asyncio.TimeoutError:
+                    record = None
+                if pump.done():  # the engine failed: end the stream
+                    return
+                yield f"data: {json.dumps(self.state(record))}\n\n"
+        finally:
+            self.num_streams -= 1
+            pump.cancel()
+
+    async def _pump(self, queue: asyncio.Queue) -> None:
+        async for record in self.engine.step_records():
+            if queue.full():
+                queue.get_nowait()  # a slow browser skips records, never the engine
+            queue.put_nowait(record)
+
+    def shutdown(self) -> None:
+        """End the polling lease (the server is stopping)."""
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+
+
+@router.get("/", include_in_schema=False)
+async def live_page() -> Response:
+    """The live view page."""
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+
+@router.get("/static/{name}", include_in_schema=False)
+async def live_static(name: str) -> Response:
+    """The page's script and style sheet (only files shipped in the package)."""
+    files = {p.name: p for p in STATIC_DIR.iterdir() if p.suffix in (".js", ".css")}
+    if name not in files:
+        return JSONResponse({"error": f"no static file {name!r}"}, status_code=404)
+    return FileResponse(files[name])
+
+
+@router.get("/v1/live")
+async def live_state(raw_request: Request, watch: bool = True) -> Response:
+    """The latest step record, rolling TTFT/ITL/tokens-per-second and the engine's
+    counters. ``watch=false`` reads without turning recording on."""
+    hub: LiveHub = raw_request.app.state.live
+    return JSONResponse(await hub.poll(watch))
+
+
+@router.get("/v1/live/stream")
+async def live_stream(raw_request: Request) -> Response:
+    """The same JSON as ``/v1/live`` as server-sent events, one per step record."""
+    hub: LiveHub = raw_request.app.state.live
+    return StreamingResponse(
+        hub.stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
+
+
+def attach_live_view(app: FastAPI, engine_client: Any, playground: bool = True) -> None:
+    """Add the page and the live endpoints to ``app`` (``minivllm serve`` always does;
+    ``--no-playground`` makes the page read-only)."""
+    app.state.live = LiveHub(engine_client, playground)
+    app.include_router(router)
