@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -214,8 +215,11 @@ class EngineArgs:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
             )
-        if self.cpu_kv_cache_space <= 0:
-            raise ValueError(f"cpu_kv_cache_space must be positive, got {self.cpu_kv_cache_space}")
+        if not (math.isfinite(self.cpu_kv_cache_space) and self.cpu_kv_cache_space > 0):
+            raise ValueError(
+                f"cpu_kv_cache_space must be a positive, finite number of GiB, "
+                f"got {self.cpu_kv_cache_space}"
+            )
 
     def _resolve_async_scheduling(self) -> bool:
         if self.async_scheduling is None:
