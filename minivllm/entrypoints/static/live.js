@@ -1,0 +1,265 @@
+// The live view of `minivllm serve` (docs/live_view.md).
+//
+// It reads one JSON object, from GET /v1/live once and then from the server-sent events
+// of GET /v1/live/stream: {record, metrics, stats, ...}. `record` is the engine core's
+// StepRecord (minivllm/core/step_record.py), or null when nothing new happened. The
+// playground sends ordinary OpenAI requests to /v1/completions, like any other client.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+// What the page has shown so far (read by tests/entrypoints/openai/test_live_page.py).
+const seen = { records: 0, maxRequestsInStep: 0, maxSharedBlocks: 0, preemptions: 0 };
+window.liveView = seen;
+let model = null;
+
+// ---- colours ---------------------------------------------------------------------------
+
+// One colour per request, the same in the batch, the queues and the KV grid.
+function colour(requestId) {
+  let h = 0;
+  for (const c of requestId) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+  return `hsl(${(h * 137) % 360}, 62%, 52%)`;
+}
+
+const shortId = (id) => (id.length > 14 ? "…" + id.slice(-12) : id);
+
+// ---- connection ------------------------------------------------------------------------
+
+async function start() {
+  const state = await (await fetch("/v1/live?watch=false")).json();
+  model = state.model;
+  $("model").textContent = model;
+  if (state.playground) $("playground").hidden = false;
+  else document.body.classList.add("read-only");
+  render(state);
+  const events = new EventSource("/v1/live/stream");
+  events.onopen = () => setStatus("live", true);
+  events.onerror = () => setStatus("reconnecting", false);
+  events.onmessage = (e) => render(JSON.parse(e.data));
+}
+
+function setStatus(text, live) {
+  $("status").textContent = text;
+  $("status").classList.toggle("live", live);
+}
+
+function render(state) {
+  renderMetrics(state.metrics, state.stats);
+  if (state.record) renderRecord(state.record);
+}
+
+// ---- metrics ---------------------------------------------------------------------------
+
+function renderMetrics(m, stats) {
+  const ms = (s) => (s.p50 === null ? "–" : s.p50.toFixed(1) + " ms");
+  const tiles = [
+    [ms(m.ttft_ms), `TTFT p50 (${m.ttft_ms.count} in ${m.window_s} s)`],
+    [ms(m.itl_ms), `ITL p50 (${m.itl_ms.count})`],
+    [m.tokens_per_s.toFixed(1), "output tokens/s"],
+    [stats ? (100 * stats.kv_cache_usage).toFixed(0) + " %" : "–", "KV blocks held"],
+    [stats ? stats.num_running_reqs : "–", "running"],
+    [stats ? stats.num_waiting_reqs : "–", "waiting"],
+    [stats ? stats.num_preemptions : "–", "preemptions"],
+    [stats && stats.prefix_cache_queries
+      ? (100 * stats.prefix_cache_hits / stats.prefix_cache_queries).toFixed(0) + " %" : "–",
+      "prefix-cache hits"],
+  ];
+  $("metrics").replaceChildren(...tiles.map(([value, label]) => {
+    const div = document.createElement("div");
+    div.innerHTML = `<b></b><span></span>`;
+    div.firstChild.textContent = value;
+    div.lastChild.textContent = label;
+    return div;
+  }));
+}
+
+// ---- one step record -------------------------------------------------------------------
+
+function renderRecord(r) {
+  seen.records += 1;
+  seen.maxRequestsInStep = Math.max(seen.maxRequestsInStep, r.scheduled.length);
+  seen.maxSharedBlocks = Math.max(seen.maxSharedBlocks, r.kv_shared.length);
+  seen.preemptions += r.preempted.length;
+  renderBatch(r);
+  renderQueues(r);
+  renderEvents(r);
+  renderGrid(r);
+}
+
+function renderBatch(r) {
+  const prefill = r.scheduled.reduce((n, s) => n + s.num_prefill_tokens, 0);
+  const decode = r.scheduled.reduce((n, s) => n + s.num_decode_tokens, 0);
+  $("batch-summary").textContent = r.scheduled.length
+    ? `step ${r.step}: ${r.scheduled.length} requests, ${prefill} prefill + ${decode} decode ` +
+      `tokens of a ${r.token_budget}-token budget`
+    : `idle after step ${r.step}`;
+  const [p, d] = $("budget").children;
+  p.style.width = (100 * prefill / r.token_budget) + "%";
+  d.style.width = (100 * decode / r.token_budget) + "%";
+  const batch = $("batch");
+  batch.dataset.numRequests = r.scheduled.length;
+  batch.replaceChildren(...r.scheduled.map((s) => {
+    const row = document.createElement("div");
+    row.className = "row";
+    row.dataset.requestId = s.request_id;
+    const tags = [s.is_resumed ? "resumed" : s.is_new ? "new" : "",
+      s.num_cached_tokens ? `${s.num_cached_tokens} cached` : "", `${s.num_blocks} blocks`];
+    row.innerHTML = `<span class="chip"></span><div class="bar"><span class="prefill">` +
+      `</span><span class="decode"></span></div><span class="tag"></span>`;
+    row.children[0].textContent = shortId(s.request_id);
+    row.children[0].style.background = colour(s.request_id);
+    row.children[1].children[0].style.width = (100 * s.num_prefill_tokens / r.token_budget) + "%";
+    row.children[1].children[1].style.width = (100 * s.num_decode_tokens / r.token_budget) + "%";
+    row.children[1].title = `${s.num_prefill_tokens} prefill, ${s.num_decode_tokens} decode`;
+    row.children[2].textContent = tags.filter(Boolean).join(", ");
+    return row;
+  }));
+}
+
+function chips(ids) {
+  return ids.map((id) => {
+    const chip = document.createElement("span");
+    chip.className = "chip";
+    chip.textContent = shortId(id);
+    chip.title = id;
+    chip.style.background = colour(id);
+    return chip;
+  });
+}
+
+function renderQueues(r) {
+  $("running").replaceChildren(...chips(r.running));
+  $("waiting").replaceChildren(...chips(r.waiting));
+}
+
+// Preemptions and finishes since the previous record, newest first.
+function renderEvents(r) {
+  const list = $("events");
+  const add = (text, cls) => {
+    const li = document.createElement("li");
+    li.textContent = `step ${r.step}: ${text}`;
+    li.className = cls;
+    list.prepend(li);
+  };
+  for (const id of r.finished) add(`finished ${shortId(id)}, blocks freed`, "finished");
+  for (const id of r.preempted) add(`preempted ${shortId(id)}: blocks freed, back to waiting`,
+    "preempted");
+  while (list.children.length > 8) list.lastChild.remove();
+}
+
+// ---- the KV pool -----------------------------------------------------------------------
+
+// kv_codes: 0 free, 1 free but cached, 2 + i held by kv_owners[i]; kv_shared: ids held by
+// more than one request. Cells shrink to fit any pool into about 320 px of height.
+function renderGrid(r) {
+  const canvas = $("kv-grid");
+  const scale = window.devicePixelRatio || 1;
+  const width = Math.max(200, Math.floor(canvas.clientWidth * scale));
+  const n = r.num_blocks;
+  const cell = Math.max(1, Math.min(16, Math.floor(Math.sqrt(width * 320 * scale / n))));
+  const cols = Math.floor(width / cell);
+  canvas.width = cols * cell;
+  canvas.height = Math.ceil(n / cols) * cell;
+  const ctx = canvas.getContext("2d");
+  const css = getComputedStyle(document.documentElement);
+  const fills = [css.getPropertyValue("--free"), css.getPropertyValue("--cached"),
+    ...r.kv_owners.map(colour)];
+  const gap = cell >= 5 ? 1 : 0;
+  for (let i = 0; i < n; i++) {
+    ctx.fillStyle = fills[r.kv_codes[i]];
+    ctx.fillRect((i % cols) * cell, Math.floor(i / cols) * cell, cell - gap, cell - gap);
+  }
+  ctx.strokeStyle = "#111";
+  ctx.lineWidth = Math.max(1, Math.floor(cell / 5));
+  for (const i of r.kv_shared) {
+    const x = (i % cols) * cell, y = Math.floor(i / cols) * cell, w = ctx.lineWidth;
+    ctx.strokeRect(x + w / 2, y + w / 2, cell - gap - w, cell - gap - w);
+  }
+  canvas.dataset.numShared = r.kv_shared.length;
+  $("kv-summary").textContent =
+    `${r.num_used_blocks} held, ${r.kv_shared.length} shared, ${r.num_cached_free_blocks} ` +
+    `free but cached, ${r.num_free_blocks - r.num_cached_free_blocks} free of ${n} ` +
+    `(${r.block_size} tokens each); ${r.num_prefix_hit_blocks} prefix-cache hits this step`;
+}
+
+// ---- the playground --------------------------------------------------------------------
+
+function samplingFields() {
+  const body = {
+    max_tokens: Number($("max_tokens").value),
+    temperature: Number($("temperature").value),
+    top_p: Number($("top_p").value),
+  };
+  if ($("seed").value !== "") body.seed = Number($("seed").value);
+  return body;
+}
+
+// Stream one completion into the page: server-sent events, one text delta per event.
+async function generate(event) {
+  event.preventDefault();
+  const out = $("completion");
+  out.textContent = "";
+  out.dataset.state = "streaming";
+  $("send").disabled = true;
+  try {
+    const response = await fetch("/v1/completions", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model, prompt: $("prompt").value, stream: true,
+        ...samplingFields() }),
+    });
+    if (!response.ok) throw new Error((await response.json()).error.message);
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      const events = buffer.split("\n\n");
+      buffer = events.pop();
+      for (const e of events) {
+        const data = e.replace(/^data: /, "");
+        if (data === "[DONE]") continue;
+        const chunk = JSON.parse(data);
+        if (chunk.error) throw new Error(chunk.error.message);
+        out.textContent += chunk.choices[0].text;
+      }
+    }
+    out.dataset.state = "done";
+  } catch (err) {
+    out.textContent += `\n[error: ${err.message}]`;
+    out.dataset.state = "error";
+  } finally {
+    $("send").disabled = false;
+  }
+}
+
+// N concurrent requests that share a prefix (each ends differently).
+async function burst() {
+  const n = Number($("burst-n").value);
+  const status = $("burst-status");
+  let finished = 0;
+  status.textContent = `0 / ${n} done`;
+  $("burst").disabled = true;
+  const one = async (i) => {
+    await fetch("/v1/completions", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model, prompt: `${$("burst-prefix").value} (${i + 1})`,
+        max_tokens: Number($("burst-tokens").value), temperature: 0.8, ignore_eos: true }),
+    });
+    finished += 1;
+    status.textContent = `${finished} / ${n} done`;
+  };
+  try {
+    await Promise.all([...Array(n).keys()].map(one));
+  } finally {
+    $("burst").disabled = false;
+    status.dataset.done = "1";
+  }
+}
+
+$("prompt-form").addEventListener("submit", generate);
+$("burst").addEventListener("click", burst);
+start().catch((err) => setStatus(`error: ${err.message}`, false));
