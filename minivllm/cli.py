@@ -10,15 +10,49 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from minivllm.engine.arg_utils import EngineArgs
+from minivllm.sampling_params import SamplingParams
+
+# Benchmarks whose default workload needs a GPU: refused on a CPU without --allow-cpu.
+GPU_BENCHES = ("throughput", "latency", "prefix")
+
+
+def sampling_flag(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` for the ``SamplingParams`` field ``name``.
+
+    The text is parsed with ``parse``, then ``SamplingParams`` itself checks the value,
+    so the command refuses exactly what the Python API and the server refuse (NaN, inf,
+    out of range), with argparse's exit status 2 and a message naming the flag, before
+    any model is loaded.
+    """
+
+    def check(text: str) -> Any:
+        value = parse(text)  # a ValueError here: argparse's "invalid float value: 'x'"
+        try:
+            SamplingParams(**{name: value})
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    check.__name__ = parse.__name__
+    return check
 
 
 def _cmd_generate(ns: argparse.Namespace) -> int:
     from minivllm.llm import LLM
-    from minivllm.sampling_params import SamplingParams
 
+    # Before the model loads: a combination of flags SamplingParams refuses fails now.
+    params = SamplingParams(
+        temperature=ns.temperature,
+        top_p=ns.top_p,
+        top_k=ns.top_k,
+        max_tokens=ns.max_tokens,
+        seed=ns.seed_sampling,
+        ignore_eos=ns.ignore_eos,
+    )
     model = ns.model
     if model is None:
         from minivllm.demo import demo_model_path
@@ -31,14 +65,6 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
         )
     ns.model = model
     llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(ns)))
-    params = SamplingParams(
-        temperature=ns.temperature,
-        top_p=ns.top_p,
-        top_k=ns.top_k,
-        max_tokens=ns.max_tokens,
-        seed=ns.seed_sampling,
-        ignore_eos=ns.ignore_eos,
-    )
     prompts = ns.prompts or ["In the beginning", "And God said"]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     for out in outputs:
@@ -86,11 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate completions for prompts")
     gen.add_argument("prompts", nargs="*", help="prompt texts")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed-sampling", type=int, default=None, help="per-request sampling seed")
+    gen.add_argument("--max-tokens", type=sampling_flag("max_tokens", int), default=32)
+    gen.add_argument("--temperature", type=sampling_flag("temperature", float), default=0.0)
+    gen.add_argument("--top-p", type=sampling_flag("top_p", float), default=1.0)
+    gen.add_argument("--top-k", type=sampling_flag("top_k", int), default=0)
+    gen.add_argument(
+        "--seed-sampling",
+        type=sampling_flag("seed", int),
+        default=None,
+        help="per-request sampling seed",
+    )
     gen.add_argument("--ignore-eos", action="store_true")
     EngineArgs.add_cli_args(gen)
     gen.set_defaults(func=_cmd_generate)
@@ -133,11 +164,28 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
     for name, help_text, add_args, run in commands:
         p = bench_sub.add_parser(name, help=help_text)
         add_args(p)
-        p.set_defaults(func=lambda ns, run=run: (run(ns), 0)[1])
+        if name in GPU_BENCHES:
+            p.add_argument(
+                "--allow-cpu",
+                action="store_true",
+                help="run without a CUDA GPU (refused otherwise: the default workload would "
+                "take hours on a CPU); give it a small workload",
+            )
+        p.set_defaults(func=lambda ns, run=run, name=name: _run_bench(ns, name, run))
     # The soak test's exit status says whether its checks passed.
     soak_parser = bench_sub.add_parser("soak", help="random requests and aborts: no leak, no drift")
     soak.add_soak_args(soak_parser)
     soak_parser.set_defaults(func=soak.run_soak_bench)
+
+
+def _run_bench(ns: argparse.Namespace, name: str, run: Callable[[Any], Any]) -> int:
+    """Run one benchmark; a GPU one is refused first where there is no GPU."""
+    if name in GPU_BENCHES:
+        from minivllm.benchmarks.common import require_gpu
+
+        require_gpu(ns, name)
+    run(ns)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

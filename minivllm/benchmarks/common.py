@@ -2,11 +2,15 @@
 Qwen3-0.6B-shaped checkpoint, and timing helpers.
 
 Every benchmark writes one JSON file with the exact command, the GPU, the software
-versions and every figure, so a result can be traced to how it was produced.
+versions and every figure, so a result can be traced to how it was produced. By default
+the file goes under ``bench-results/`` of the current folder (git ignores it), never over
+the committed results in ``docs/benchmarks/``: publishing a run is a deliberate
+``--output docs/benchmarks/...``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import sys
@@ -33,6 +37,44 @@ QWEN3_0_6B_SHAPE: dict[str, Any] = dict(
     bos_token_id=151643,
     eos_token_id=151645,
 )
+
+
+# Where results go unless --output names a file (relative to the current folder).
+RESULTS_DIR = "bench-results"
+
+
+def default_output(name: str) -> str:
+    """The default ``--output`` of a benchmark: ``bench-results/<name>``."""
+    return f"{RESULTS_DIR}/{name}"
+
+
+def require_gpu(args: argparse.Namespace, command: str, cpu_flag: bool = True) -> None:
+    """Refuse a GPU benchmark on a machine without CUDA, unless ``--allow-cpu``
+    (``cpu_flag=False``: a benchmark that has no CPU version at all).
+
+    Its default workload (a 0.6B-parameter model, hundreds of requests or thousands of
+    tokens) takes seconds on a GPU and hours on a CPU, and a CPU figure says nothing
+    about the GPU results it would sit next to. With ``--allow-cpu`` (the smoke tests
+    use it, with a tiny model and workload) the run goes on and says so.
+
+    Raises:
+        ValueError: No CUDA and no ``--allow-cpu`` (the CLI prints it, exit status 2).
+    """
+    if torch.cuda.is_available():
+        return
+    if not cpu_flag:
+        raise ValueError(f"bench {command} needs a CUDA GPU and none is available")
+    if not getattr(args, "allow_cpu", False):
+        raise ValueError(
+            f"bench {command} needs a CUDA GPU and none is available: on a CPU its default "
+            "workload would run for hours; pass --allow-cpu with a small workload to run "
+            "it on the CPU anyway"
+        )
+    print(
+        f"[minivllm] bench {command}: no CUDA GPU, running on the CPU (--allow-cpu); the "
+        "figures are not comparable with GPU results",
+        flush=True,
+    )
 
 
 _CLI_ARGS: list[str] | None = None

@@ -23,7 +23,7 @@ from minivllm.benchmarks.common import environment, write_json
 
 def add_host_args(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``minivllm bench host``."""
-    parser.add_argument("--output", default="docs/benchmarks/host.json")
+    parser.add_argument("--output", default="bench-results/host.json")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200)

@@ -25,7 +25,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from minivllm.benchmarks.common import environment, measure_copy_bandwidth
+from minivllm.benchmarks.common import (
+    RESULTS_DIR,
+    environment,
+    measure_copy_bandwidth,
+    require_gpu,
+)
 from minivllm.utils.math_utils import cdiv
 
 # Qwen3-0.6B attention: 16 query heads, 8 KV heads, head size 128; vLLM's block size 16.
@@ -39,7 +44,7 @@ PREFILLS = ((1, 0, 2048), (1, 0, 8192), (4, 0, 4096), (4, 4096, 512), (1, 16384,
 
 def add_kernel_bench_args(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``minivllm bench kernel`` on ``parser``."""
-    parser.add_argument("--output-dir", default="docs/benchmarks",
+    parser.add_argument("--output-dir", default=RESULTS_DIR,
                         help="where kernel.json and kernel.png are written")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
@@ -289,8 +294,7 @@ def _environment() -> dict:
 
 def run_kernel_bench(args: argparse.Namespace) -> dict:
     """Run the whole benchmark, write ``kernel.json`` and ``kernel.png``; return the results."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("minivllm bench kernel needs a CUDA GPU")
+    require_gpu(args, "kernel", cpu_flag=False)  # it times CUDA graphs
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = _environment()

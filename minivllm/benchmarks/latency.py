@@ -14,7 +14,7 @@ from minivllm.benchmarks.throughput import add_engine_bench_args, build_llm, che
 
 def add_latency_args(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``minivllm bench latency``."""
-    add_engine_bench_args(parser, "docs/benchmarks/latency.json")
+    add_engine_bench_args(parser, "bench-results/latency.json")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from minivllm.benchmarks.common import environment, write_json
+from minivllm.benchmarks.common import default_output, environment, write_json
 from minivllm.benchmarks.throughput import (
     add_engine_bench_args,
     build_llm,
@@ -21,7 +21,7 @@ from minivllm.benchmarks.workloads import shared_prefix_workload
 
 def add_prefix_args(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``minivllm bench prefix``."""
-    add_engine_bench_args(parser, "docs/benchmarks/prefix.json")
+    add_engine_bench_args(parser, default_output("prefix.json"))
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--prefix-len", type=int, default=4096)
     parser.add_argument("--suffix-len", type=int, default=32)

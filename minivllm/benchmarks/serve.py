@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from minivllm.benchmarks.common import default_output
 from minivllm.benchmarks.serve_client import RequestResult, Target, run_requests
 from minivllm.benchmarks.workloads import Workload, throughput_workload
 
@@ -75,7 +76,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "(implies --launch-server)")
     parser.add_argument("--server-timeout", type=float, default=600.0,
                         help="seconds to wait for a launched server to become healthy")
-    add_engine_bench_args(parser, "docs/benchmarks/serve.json")
+    add_engine_bench_args(parser, default_output("serve.json"))
 
 
 def build_workload(args: argparse.Namespace, num: int, seed: int) -> Workload:

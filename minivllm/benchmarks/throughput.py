@@ -44,7 +44,7 @@ def add_engine_bench_args(parser: argparse.ArgumentParser, output: str) -> None:
 
 def add_throughput_args(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``minivllm bench throughput``."""
-    add_engine_bench_args(parser, "docs/benchmarks/throughput.json")
+    add_engine_bench_args(parser, "bench-results/throughput.json")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--peer", choices=["none", "hf"], default="none",
                         help="also run Hugging Face transformers on the same requests")

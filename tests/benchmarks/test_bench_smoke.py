@@ -22,8 +22,18 @@ def qwen3_dir(tmp_path_factory):
     return str(make_tiny_model("qwen3", tmp_path_factory.mktemp("qwen3"), vocab_size=10240))
 
 
-COMMON = ["--dtype", "float32", "--max-model-len", "128", "--max-num-seqs", "8",
-          "--max-num-batched-tokens", "64"]
+# --allow-cpu: the GPU benchmarks refuse a machine without CUDA otherwise.
+COMMON = [
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "128",
+    "--max-num-seqs",
+    "8",
+    "--max-num-batched-tokens",
+    "64",
+    "--allow-cpu",
+]
 
 
 def test_published_workload_totals() -> None:
@@ -41,9 +51,27 @@ def test_roofline_counts_every_kv_read() -> None:
 
 def test_bench_throughput_with_hf_peer(qwen3_dir, tmp_path) -> None:
     out = tmp_path / "throughput.json"
-    main(["bench", "throughput", "--model", qwen3_dir, "--num-requests", "3",
-          "--input-len-range", "4", "12", "--output-len-range", "2", "5", "--peer", "hf",
-          "--output", str(out), *COMMON])
+    main(
+        [
+            "bench",
+            "throughput",
+            "--model",
+            qwen3_dir,
+            "--num-requests",
+            "3",
+            "--input-len-range",
+            "4",
+            "12",
+            "--output-len-range",
+            "2",
+            "5",
+            "--peer",
+            "hf",
+            "--output",
+            str(out),
+            *COMMON,
+        ]
+    )
     result = json.loads(out.read_text())
     assert "bench throughput" in result["command"]
     assert {"torch", "transformers", "gpu"} <= set(result)
@@ -54,15 +82,48 @@ def test_bench_throughput_with_hf_peer(qwen3_dir, tmp_path) -> None:
 
 def test_bench_latency_and_prefix(qwen3_dir, tmp_path) -> None:
     lat = tmp_path / "latency.json"
-    main(["bench", "latency", "--model", qwen3_dir, "--input-len", "8", "--output-len", "4",
-          "--repeats", "2", "--output", str(lat), "--profile-dir", str(tmp_path / "prof"),
-          *COMMON])
+    main(
+        [
+            "bench",
+            "latency",
+            "--model",
+            qwen3_dir,
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--repeats",
+            "2",
+            "--output",
+            str(lat),
+            "--profile-dir",
+            str(tmp_path / "prof"),
+            *COMMON,
+        ]
+    )
     result = json.loads(lat.read_text())
     assert result["median_tpot_ms"] > 0
     assert result["profile"]["top"] and (tmp_path / "prof" / "decode_batch1_trace.json").is_file()
     pre = tmp_path / "prefix.json"
-    main(["bench", "prefix", "--model", qwen3_dir, "--num-requests", "3", "--prefix-len", "48",
-          "--suffix-len", "4", "--output-len", "2", "--output", str(pre), *COMMON])
+    main(
+        [
+            "bench",
+            "prefix",
+            "--model",
+            qwen3_dir,
+            "--num-requests",
+            "3",
+            "--prefix-len",
+            "48",
+            "--suffix-len",
+            "4",
+            "--output-len",
+            "2",
+            "--output",
+            str(pre),
+            *COMMON,
+        ]
+    )
     result = json.loads(pre.read_text())
     assert result["caching_on"]["prefix_cache_hit_rate"] > 0.5
     assert result["caching_off"]["prefix_cache_hit_rate"] == 0
@@ -70,10 +131,73 @@ def test_bench_latency_and_prefix(qwen3_dir, tmp_path) -> None:
 
 def test_bench_host_splits_the_step(tmp_path) -> None:
     out = tmp_path / "host.json"
-    main(["bench", "host", "--batch-sizes", "1", "4", "--prompt-len", "20", "--steps", "5",
-          "--output", str(out)])
+    main(
+        [
+            "bench",
+            "host",
+            "--batch-sizes",
+            "1",
+            "4",
+            "--prompt-len",
+            "20",
+            "--steps",
+            "5",
+            "--output",
+            str(out),
+        ]
+    )
     rows = json.loads(out.read_text())["rows"]
     assert [r["batch"] for r in rows] == [1, 4]
     for r in rows:
         parts = r["schedule_ms"] + r["execute_ms"] + r["update_ms"]
         assert 0 < parts <= r["ms_per_step"] * 1.01
+
+
+def test_gpu_benchmarks_refuse_a_cpu_without_allow_cpu(qwen3_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    out = tmp_path / "never.json"
+    for name in ("throughput", "latency", "prefix", "kernel"):
+        flags = ["--output-dir", str(tmp_path)] if name == "kernel" else ["--output", str(out)]
+        assert main(["bench", name, *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"minivllm: error: bench {name} needs a CUDA GPU")
+        assert err.count("\n") == 1 and "Traceback" not in err  # one line, no traceback
+        assert ("--allow-cpu" in err) == (name != "kernel")
+    assert not out.exists() and not (tmp_path / "kernel.json").exists()
+    # With the flag, the run goes on and says it runs on the CPU.
+    main(
+        [
+            "bench",
+            "latency",
+            "--model",
+            qwen3_dir,
+            "--input-len",
+            "4",
+            "--output-len",
+            "2",
+            "--repeats",
+            "1",
+            "--output",
+            str(out),
+            *COMMON,
+        ]
+    )
+    assert "running on the CPU (--allow-cpu)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["gpu"] is None
+
+
+def test_default_outputs_never_under_docs(monkeypatch, tmp_path) -> None:
+    """Run from the repository root, a benchmark must not overwrite committed results."""
+    from minivllm.cli import build_parser
+
+    parser = build_parser()
+    for name, flag in [
+        ("throughput", "output"),
+        ("latency", "output"),
+        ("prefix", "output"),
+        ("host", "output"),
+        ("serve", "output"),
+        ("kernel", "output_dir"),
+    ]:
+        default = getattr(parser.parse_args(["bench", name]), flag)
+        assert default.startswith("bench-results"), (name, default)
