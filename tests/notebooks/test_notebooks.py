@@ -3,7 +3,8 @@
 The notebooks are stored with their outputs (the docs site shows them as they are);
 this test executes a fresh copy of each with nbclient and fails on the first cell that
 raises, so a notebook can never silently drift from the code it teaches. Checks inside
-the notebooks (``assert`` cells) fail the test too.
+the notebooks (``assert`` cells) fail the test too. The execution is shared with
+``test_freshness.py`` (``conftest.py``), which compares the stored outputs with it.
 
 To re-execute the notebooks and store their new outputs::
 
@@ -52,7 +53,9 @@ def execute_notebook(path: Path, timeout_s: int = TIMEOUT_S):
     nb = nbformat.read(path, as_version=4)
     start = time.monotonic()
     client = NotebookClient(
-        nb, timeout=timeout_s, kernel_name="python3",
+        nb,
+        timeout=timeout_s,
+        kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute(env=kernel_env())  # keyword arguments go to KernelManager.start_kernel
@@ -77,14 +80,14 @@ def test_notebooks_exist() -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom(path: Path) -> None:
-    pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    pytest.importorskip("matplotlib")
-    nb = execute_notebook(path)
+def test_notebook_runs_top_to_bottom(path: Path, executed_notebook) -> None:
+    nb = executed_notebook(path)
     errors = [
-        out for cell in nb.cells if cell.cell_type == "code"
-        for out in cell.get("outputs", []) if out.get("output_type") == "error"
+        out
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if out.get("output_type") == "error"
     ]
     assert not errors
 
