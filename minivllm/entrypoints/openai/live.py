@@ -170,14 +170,16 @@ class LiveHub:
         queue: asyncio.Queue = asyncio.Queue(maxsize=2)
         self.num_streams += 1
         pump = asyncio.get_running_loop().create_task(self._pump(queue))
+        first = True
         try:
-            # What is known now first (another viewer may have turned recording on).
-            yield f"data: {json.dumps(self.state(self.engine.latest_step_record))}\n\n"
             while True:
                 try:
                     record = await asyncio.wait_for(queue.get(), HEARTBEAT_S)
                 except asyncio.TimeoutError:
-                    record = None
+                    # No news. A first event still shows the pool: if another viewer had
+                    # recording on already, an idle core sends no record of its own.
+                    record = self.engine.latest_step_record if first else None
+                first = False
                 if pump.done():  # the engine failed: end the stream
                     return
                 yield f"data: {json.dumps(self.state(record))}\n\n"

@@ -93,23 +93,28 @@ function renderBatch(r) {
     ? `step ${r.step}: ${r.scheduled.length} requests, ${prefill} prefill + ${decode} decode ` +
       `tokens of a ${r.token_budget}-token budget`
     : `idle after step ${r.step}`;
+  // The top bar: the batch against the budget (at least a sliver, so a few decode
+  // tokens of a large budget stay visible). The rows: each request's share of the batch.
   const [p, d] = $("budget").children;
-  p.style.width = (100 * prefill / r.token_budget) + "%";
-  d.style.width = (100 * decode / r.token_budget) + "%";
+  const sliver = (n, total) => (n ? `max(3px, ${100 * n / total}%)` : "0");
+  p.style.width = sliver(prefill, r.token_budget);
+  d.style.width = sliver(decode, r.token_budget);
+  const total = Math.max(1, prefill + decode);
   const batch = $("batch");
   batch.dataset.numRequests = r.scheduled.length;
   batch.replaceChildren(...r.scheduled.map((s) => {
     const row = document.createElement("div");
     row.className = "row";
     row.dataset.requestId = s.request_id;
-    const tags = [s.is_resumed ? "resumed" : s.is_new ? "new" : "",
+    const tags = [s.num_prefill_tokens ? `${s.num_prefill_tokens} prefill` : "1 decode",
+      s.is_resumed ? "resumed" : s.is_new ? "new" : "",
       s.num_cached_tokens ? `${s.num_cached_tokens} cached` : "", `${s.num_blocks} blocks`];
     row.innerHTML = `<span class="chip"></span><div class="bar"><span class="prefill">` +
       `</span><span class="decode"></span></div><span class="tag"></span>`;
     row.children[0].textContent = shortId(s.request_id);
     row.children[0].style.background = colour(s.request_id);
-    row.children[1].children[0].style.width = (100 * s.num_prefill_tokens / r.token_budget) + "%";
-    row.children[1].children[1].style.width = (100 * s.num_decode_tokens / r.token_budget) + "%";
+    row.children[1].children[0].style.width = sliver(s.num_prefill_tokens, total);
+    row.children[1].children[1].style.width = sliver(s.num_decode_tokens, total);
     row.children[1].title = `${s.num_prefill_tokens} prefill, ${s.num_decode_tokens} decode`;
     row.children[2].textContent = tags.filter(Boolean).join(", ");
     return row;
