@@ -106,7 +106,10 @@ def online_softmax_update(scores, m_prev, l_prev):
     return m_new, l_new, p, alpha
 
 
-@triton.jit
+# Triton specializes integer arguments on "== 1" and "divisible by 16": the sequence count
+# and the block table's width change from step to step, and each new class would compile
+# another variant mid-run. The other strides are fixed by the model and the cache.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt_seq"])
 def kernel_unified_attention(
     out_ptr,
     q_ptr,
@@ -119,7 +122,7 @@ def kernel_unified_attention(
     part_max_ptr,
     part_sum_ptr,
     qk_scale,
-    num_seqs: tl.int32,  # typed, so a batch of 1 is not specialised into a constant
+    num_seqs: tl.int32,
     stride_q_tok: tl.int64,
     stride_q_head: tl.int64,
     stride_o_tok: tl.int64,
@@ -329,6 +332,45 @@ def select_config(
     else:
         segments = num_kv_splits
     return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments)
+
+
+def launch_configs(
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    element_size: int,
+    max_model_len: int,
+    device: torch.device,
+) -> list[AttentionLaunchConfig]:
+    """Every configuration :func:`select_config` can return for one model: each tile
+    family (small-batch decode, large-batch decode, prefill) with each split-KV segment
+    count the heuristic can choose for contexts up to ``max_model_len``.
+
+    Each is a separate compiled kernel (tiles and segments are ``tl.constexpr``), so the
+    engine compiles them all while it starts rather than in the middle of a request.
+    """
+    # One active program is the emptiest grid, so it gets the most segments.
+    most = choose_num_segments(1, max_model_len, num_multiprocessors(device))
+    families = ((1, 1), (1, DECODE_LARGE_BATCH), (PREFILL_MIN_QUERY_LEN, 1))
+    configs = []
+    for max_query_len, num_seqs in families:
+        for log_segments in range(most.bit_length()):
+            config = select_config(
+                num_tokens=num_seqs * max_query_len,
+                num_seqs=num_seqs,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                max_query_len=max_query_len,
+                max_seq_len=max_model_len,
+                device=device,
+                num_kv_splits=1 << log_segments,
+                head_size=head_size,
+                element_size=element_size,
+            )
+            if config not in configs:
+                configs.append(config)
+    return configs
 
 
 def launch_unified_attention(

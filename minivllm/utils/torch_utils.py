@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+ALIGN_BYTES = 16
+
 
 def copy_to_device(
     arrays: list[np.ndarray], dtype: type, device: torch.device
@@ -24,14 +26,21 @@ def copy_to_device(
     caching host allocator keeps it alive until the copy has run) and copied at once;
     the results are views of one device buffer, each with its array's shape.
     """
-    flat = np.concatenate([a.ravel() for a in arrays]).astype(dtype, copy=False)
+    itemsize = np.dtype(dtype).itemsize
+    # Each array starts on a 16-byte boundary: Triton specializes pointer arguments on
+    # 16-byte alignment, so a view at an odd offset would compile a second variant of a
+    # kernel in the middle of a run (see worker/kernel_warmup.py).
+    step = max(1, ALIGN_BYTES // itemsize)
+    starts, total = [], 0
+    for a in arrays:
+        starts.append(total)
+        total += -(-a.size // step) * step
+    flat = np.zeros(total, dtype=dtype)
+    for a, start in zip(arrays, starts):
+        flat[start : start + a.size] = a.ravel()
     host = torch.from_numpy(flat)
     if device.type == "cuda":
         packed = host.pin_memory().to(device, non_blocking=True)
     else:
         packed = host.to(device)
-    out, offset = [], 0
-    for a in arrays:
-        out.append(packed[offset : offset + a.size].view(a.shape))
-        offset += a.size
-    return out
+    return [packed[start : start + a.size].view(a.shape) for a, start in zip(arrays, starts)]

@@ -1,4 +1,4 @@
-"""CUDA graphs for decode steps.
+"""CUDA graphs for decode steps and for short prefill / mixed steps.
 
 Upstream counterparts: ``vllm/compilation/cuda_graph.py`` (``CUDAGraphWrapper``),
 ``vllm/v1/cudagraph_dispatcher.py`` (``CudagraphDispatcher``) and, closest in spirit,
@@ -9,15 +9,28 @@ CPU cannot launch them as fast as the GPU runs them. A CUDA graph records the la
 once and replays them with one call. A graph replays *fixed* addresses and shapes, so:
 
 * every input lives in a static buffer that the step copies into before the replay;
-* a graph is captured per batch size in ``capture_sizes``, and a batch is padded up to
-  the next captured size; padded rows write nowhere (slot -1) and attend to one token;
-* host-side launch facts baked into the graph must hold for every replay: a decode
-  step always has ``max_query_len == 1``, and ``max_seq_len`` is fixed at
-  ``max_model_len`` (the kernels read the real lengths from ``seq_lens`` on the GPU).
+* a graph is captured per size, and a batch is padded up to the next captured size;
+  padded tokens write nowhere (slot -1);
+* host-side launch facts baked into the graph must hold for every replay.
 
-Prefill and mixed steps run eagerly: their shapes vary too much to capture, and their
-launch overhead is small next to their compute. vLLM captures those too (piecewise,
-around attention) with torch.compile; minivllm leaves that out.
+Two families of graphs follow from the last rule:
+
+* **decode** graphs, one per batch size in ``capture_sizes``: every sequence has one
+  query token (``max_query_len == 1``) and ``max_seq_len`` is fixed at
+  ``max_model_len``; padded rows attend to one token.
+* **prefill** graphs, one per token count in ``prefill_capture_sizes`` (up to 512, as
+  vLLM's default largest capture size): any batch of at most that many tokens whose
+  longest query picks the attention kernel's prefill tiles. The kernel's grid is an
+  upper bound computed from the token count and the sequence count, so the graph is
+  captured with the most sequences such a batch can hold (one token each, at most
+  ``max_num_seqs``) and a replay pads the rest with empty sequences (no query tokens,
+  no context), whose programs return at once.
+
+The prefill graphs matter for the first token: a 128-token prompt is ~350 kernel
+launches whose host cost (tens of milliseconds in Python) dwarfs their GPU time. Longer
+prefills run eagerly: their compute hides the launches. vLLM captures prefill too, but
+piecewise (attention outside the graph) through torch.compile; our attention kernel
+reads every length from the device, so the whole forward pass fits one graph.
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ import logging
 import torch
 from torch import nn
 
+from minivllm.attention.triton_unified_attention import PREFILL_MIN_QUERY_LEN
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.utils.math_utils import cdiv
 
@@ -43,12 +57,29 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
+# vLLM's default largest capture size; longer prefills hide their launches in compute.
+MAX_PREFILL_CAPTURE_SIZE = 512
+
+
+def default_prefill_capture_sizes(max_num_batched_tokens: int) -> list[int]:
+    """Token counts to capture prefill graphs for: powers of two from the shortest query
+    that selects prefill tiles up to 512 (and the step's token budget)."""
+    limit = min(MAX_PREFILL_CAPTURE_SIZE, max_num_batched_tokens)
+    sizes, t = [], PREFILL_MIN_QUERY_LEN
+    while t <= limit:
+        sizes.append(t)
+        t *= 2
+    return sizes
+
+
 class CUDAGraphRunner:
-    """Captures ``model(input_ids, positions)`` for decode batches and replays it.
+    """Captures ``model(input_ids, positions)`` for decode and short prefill batches and
+    replays it.
 
     Args:
         model: The model (its Attention layers already bound to the KV cache).
-        max_num_seqs: Largest decode batch.
+        max_num_seqs: Largest batch (in sequences).
+        max_num_batched_tokens: The step's token budget; bounds the prefill graphs.
         max_model_len: Longest sequence; fixes the block-table width and the
             ``max_seq_len`` launch hint.
         block_size: Tokens per KV block.
@@ -61,6 +92,7 @@ class CUDAGraphRunner:
         self,
         model: nn.Module,
         max_num_seqs: int,
+        max_num_batched_tokens: int,
         max_model_len: int,
         block_size: int,
         hidden_size: int,
@@ -68,9 +100,11 @@ class CUDAGraphRunner:
         device: torch.device,
     ) -> None:
         self.model = model
+        self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.capture_sizes = default_capture_sizes(max_num_seqs)
-        n = self.capture_sizes[-1]
+        self.prefill_capture_sizes = default_prefill_capture_sizes(max_num_batched_tokens)
+        n = max([self.capture_sizes[-1], *self.prefill_capture_sizes])
         max_blocks = cdiv(max_model_len, block_size)
         i32 = dict(dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
@@ -79,58 +113,123 @@ class CUDAGraphRunner:
         self.block_table = torch.zeros(n, max_blocks, **i32)
         self.seq_lens = torch.ones(n, **i32)
         self.query_start_loc = torch.arange(n + 1, **i32)
+        # Decode graphs read query_start_loc as 0, 1, 2, ...; a prefill replay overwrites
+        # it, and the next decode replay restores it from here.
+        self._arange = torch.arange(n + 1, **i32)
+        self._query_start_loc_is_arange = True
         self.output = torch.zeros(n, hidden_size, dtype=dtype, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # Keyed by (is_prefill, size): size is sequences for decode, tokens for prefill.
+        self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
+        self.num_replays = {"decode": 0, "prefill": 0}  # read by tests and the tracer
 
-    def _metadata(self, bs: int) -> AttentionMetadata:
+    def _prefill_seqs(self, num_tokens: int) -> int:
+        """Sequences a prefill graph of ``num_tokens`` is captured for: every sequence of
+        a step has at least one token, so no batch of that size holds more."""
+        return min(num_tokens, self.max_num_seqs)
+
+    def _metadata(self, is_prefill: bool, size: int) -> AttentionMetadata:
+        num_seqs = self._prefill_seqs(size) if is_prefill else size
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:bs],
-            block_table=self.block_table[:bs],
-            seq_lens=self.seq_lens[:bs],
-            query_start_loc=self.query_start_loc[: bs + 1],
-            max_query_len=1,
+            slot_mapping=self.slot_mapping[:size],
+            block_table=self.block_table[:num_seqs],
+            seq_lens=self.seq_lens[:num_seqs],
+            query_start_loc=self.query_start_loc[: num_seqs + 1],
+            # Any value >= PREFILL_MIN_QUERY_LEN selects the same (prefill) tiles.
+            max_query_len=size if is_prefill else 1,
             max_seq_len=self.max_model_len,
         )
 
-    def _forward(self, bs: int) -> None:
-        with set_forward_context(self._metadata(bs)):
-            self.output[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+    def _forward(self, is_prefill: bool, size: int) -> None:
+        with set_forward_context(self._metadata(is_prefill, size)):
+            self.output[:size] = self.model(self.input_ids[:size], self.positions[:size])
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture one graph per size, largest first, sharing one memory pool."""
-        for bs in reversed(self.capture_sizes):
-            self._forward(bs)  # warm-up: compiles kernels, settles allocations
+        # During capture the buffers describe a harmless batch (no slot is written).
+        self.seq_lens.fill_(1)
+        self.slot_mapping.fill_(-1)
+        keys = [(True, t) for t in self.prefill_capture_sizes]
+        keys += [(False, bs) for bs in self.capture_sizes]
+        for is_prefill, size in sorted(keys, key=lambda k: -k[1]):
+            if is_prefill:  # one sequence of every token (reading block 0), empty ones after
+                self.query_start_loc[1:].fill_(size)
+                self.seq_lens[0] = size
+                self._set_prefill_layout(size, size, 1)
+            else:
+                self.query_start_loc.copy_(self._arange)
+            self._forward(is_prefill, size)  # warm-up: compiles kernels, settles allocations
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self._forward(bs)
+                self._forward(is_prefill, size)
             if self.pool is None:
                 self.pool = graph.pool()
-            self.graphs[bs] = graph
+            self.graphs[(is_prefill, size)] = graph
+        self.query_start_loc.copy_(self._arange)
+        self.seq_lens.fill_(1)
         torch.cuda.synchronize()
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.capture_sizes)
+        logger.info(
+            "captured CUDA graphs for decode batch sizes %s and prefill token counts %s",
+            self.capture_sizes,
+            self.prefill_capture_sizes,
+        )
+
+    def _set_prefill_layout(self, size: int, num_tokens: int, num_seqs: int) -> None:
+        """Pad sequences ``num_seqs..`` of a prefill graph with empty ones."""
+        cap = self._prefill_seqs(size)
+        self.query_start_loc[num_seqs + 1 : cap + 1].fill_(num_tokens)
+        self.seq_lens[num_seqs:cap].fill_(0)
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The captured size a decode batch of ``num_seqs`` runs at, or None."""
         i = bisect.bisect_left(self.capture_sizes, num_seqs)
         return self.capture_sizes[i] if i < len(self.capture_sizes) else None
 
+    def graph_key(self, meta: AttentionMetadata, num_tokens: int) -> tuple[bool, int] | None:
+        """Which captured graph runs this batch (None: run it eagerly).
+
+        A pure decode batch takes a decode graph; a batch whose longest query selects the
+        prefill tiles takes the smallest prefill graph with room for its tokens; a mixed
+        batch of short queries (decode tiles, more than one token per sequence) runs
+        eagerly, as do batches larger than every graph.
+        """
+        if meta.max_query_len == 1:
+            bs = self.padded_size(meta.num_seqs)
+            return None if bs is None else (False, bs)
+        if meta.max_query_len >= PREFILL_MIN_QUERY_LEN:
+            i = bisect.bisect_left(self.prefill_capture_sizes, num_tokens)
+            if i < len(self.prefill_capture_sizes):
+                return (True, self.prefill_capture_sizes[i])
+        return None
+
     def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self,
+        key: tuple[bool, int],
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """Replay the graph for a decode batch (one token per sequence)."""
-        n = input_ids.shape[0]
-        bs = self.padded_size(n)
-        assert bs is not None and meta.max_query_len == 1
+        """Copy a batch into the static buffers and replay the graph ``key`` names."""
+        is_prefill, size = key
+        n, s = input_ids.shape[0], meta.num_seqs
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
         self.positions[:n].copy_(positions, non_blocking=True)
         self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
-        self.slot_mapping[n:bs].fill_(-1)
+        self.slot_mapping[n:size].fill_(-1)
         width = meta.block_table.shape[1]
-        self.block_table[:n, :width].copy_(meta.block_table, non_blocking=True)
-        self.seq_lens[:n].copy_(meta.seq_lens, non_blocking=True)
-        self.seq_lens[n:bs].fill_(1)
-        self.graphs[bs].replay()
+        self.block_table[:s, :width].copy_(meta.block_table, non_blocking=True)
+        self.seq_lens[:s].copy_(meta.seq_lens, non_blocking=True)
+        if is_prefill:
+            self.query_start_loc[: s + 1].copy_(meta.query_start_loc, non_blocking=True)
+            self._set_prefill_layout(size, n, s)
+            self._query_start_loc_is_arange = False
+        else:
+            self.seq_lens[s:size].fill_(1)
+            if not self._query_start_loc_is_arange:
+                self.query_start_loc.copy_(self._arange)
+                self._query_start_loc_is_arange = True
+        self.graphs[key].replay()
+        self.num_replays["prefill" if is_prefill else "decode"] += 1
         return self.output[:n]

@@ -17,7 +17,7 @@ from minivllm.attention import reference
 from minivllm.attention import triton_unified_attention as tua
 from minivllm.attention.backends import triton_attn
 from minivllm.attention.triton_decode_split import MIN_TOKENS_PER_SEGMENT, choose_num_segments
-from minivllm.attention.triton_unified_attention import select_config
+from minivllm.attention.triton_unified_attention import launch_configs, select_config
 from tests.attention.paged_batch import PagedBatch, make_paged_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -281,3 +281,27 @@ def test_ops_replay_in_a_cuda_graph() -> None:
     ref = reference.paged_attention(b.query, ref_k, ref_v, b.block_table, b.seq_lens,
                                     b.query_start_loc, b.scale)
     _check_close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("heads", [(16, 8, 128), (32, 8, 128), (8, 8, 64)])
+def test_warm_up_covers_every_config_select_config_returns(heads: tuple) -> None:
+    """The start-up warm-up compiles launch_configs(); a config the heuristics can pick
+    outside that list would compile in the middle of a run."""
+    num_heads, num_kv_heads, head_size = heads
+    device = torch.device("cpu")
+    max_model_len = 8192
+    configs = launch_configs(num_heads=num_heads, num_kv_heads=num_kv_heads,
+                             head_size=head_size, element_size=2,
+                             max_model_len=max_model_len, device=device)
+    assert len(configs) == len(set(configs))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2000):
+        num_seqs = int(torch.randint(1, 300, (1,), generator=gen))
+        max_query_len = int(torch.randint(1, 600, (1,), generator=gen)) if num_seqs % 3 else 1
+        num_tokens = num_seqs + max_query_len - 1
+        max_seq_len = int(torch.randint(max_query_len, max_model_len + 1, (1,), generator=gen))
+        config = select_config(num_tokens=num_tokens, num_seqs=num_seqs, num_heads=num_heads,
+                               num_kv_heads=num_kv_heads, max_query_len=max_query_len,
+                               max_seq_len=max_seq_len, device=device, head_size=head_size,
+                               element_size=2)
+        assert config in configs, (num_tokens, num_seqs, max_query_len, max_seq_len, config)

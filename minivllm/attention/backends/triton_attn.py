@@ -18,6 +18,7 @@ import torch
 
 from minivllm.attention.triton_reshape_and_cache import launch_reshape_and_cache
 from minivllm.attention.triton_unified_attention import (
+    launch_configs,
     launch_unified_attention,
     select_config,
 )
@@ -257,3 +258,37 @@ def paged_attention(
         float(scale), int(max_query_len), int(max_seq_len), num_kv_splits,
     )
     return out
+
+
+def warm_up_attention(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int, max_model_len: int
+) -> int:
+    """Compile every attention kernel variant the engine can launch; return how many.
+
+    Each configuration of :func:`launch_configs` runs once on a one-token batch that
+    reads block 0 of the given cache and writes only a scratch output, so the real
+    cache's dtype, layout and alignment are what Triton specializes on.
+    """
+    _check_cache(key_cache, value_cache)
+    head_size = key_cache.shape[3]
+    device = key_cache.device
+    query = torch.zeros(1, num_heads, head_size, dtype=key_cache.dtype, device=device)
+    out = torch.empty_like(query)
+    i32 = dict(dtype=torch.int32, device=device)
+    block_table = torch.zeros(1, 1, **i32)
+    seq_lens = torch.ones(1, **i32)
+    query_start_loc = torch.tensor([0, 1], **i32)
+    configs = launch_configs(
+        num_heads=num_heads,
+        num_kv_heads=key_cache.shape[2],
+        head_size=head_size,
+        element_size=key_cache.element_size(),
+        max_model_len=max_model_len,
+        device=device,
+    )
+    for config in configs:
+        launch_unified_attention(
+            query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, 1.0,
+            config,
+        )
+    return len(configs)

@@ -1,0 +1,50 @@
+"""Compile every kernel variant while the engine starts, never in the middle of a run.
+
+Upstream counterparts: ``vllm/model_executor/warmup/kernel_warmup.py`` (``kernel_warmup``)
+and ``Worker.compile_or_warm_up_model`` in ``vllm/v1/worker/gpu_worker.py``, which run
+dummy batches of every size the engine will meet before it reports ready.
+
+Triton compiles a kernel the first time it is launched with a new *specialization*: a
+new value of any ``tl.constexpr`` (tile sizes, the split-KV segment count), and a
+pointer or integer argument that changes between "divisible by 16" and not. A variant
+first met during a user's run costs a second or more of compilation right then (half the
+throughput of a whole benchmark run, measured on the H200). minivllm removes both
+causes: the host-to-device copies keep every tensor 16-byte aligned (see
+``copy_to_device``), and this warm-up launches each attention configuration the
+heuristics can choose (the layer kernels have one variant each, compiled by the first
+forward pass or graph capture).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def kernel_warmup(runner: Any) -> None:
+    """Compile the attention kernel variants ``runner``'s model can launch (Triton on a
+    GPU only: the interpreter and the torch backend compile nothing)."""
+    if runner.attn_backend.name != "triton" or runner.device.type != "cuda":
+        return
+    from minivllm.attention.backends.triton_attn import warm_up_attention
+
+    num_heads = _num_heads(runner)
+    key_cache, value_cache = runner.kv_caches[0]
+    start = time.perf_counter()
+    count = warm_up_attention(key_cache, value_cache, num_heads, runner.model_config.max_model_len)
+    torch.cuda.synchronize(runner.device)
+    logger.info(
+        "compiled %d attention kernel variants in %.1f s", count, time.perf_counter() - start
+    )
+
+
+def _num_heads(runner: Any) -> int:
+    """Query heads per layer on this rank, read from the model's first Attention layer."""
+    from minivllm.worker.kv_cache import attention_layers
+
+    return attention_layers(runner.model)[0].num_heads

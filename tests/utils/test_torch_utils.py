@@ -1,0 +1,22 @@
+"""copy_to_device: one packed copy, every array back intact and 16-byte aligned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from minivllm.utils.torch_utils import ALIGN_BYTES, copy_to_device
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_arrays_round_trip_aligned(dtype: type) -> None:
+    # Odd sizes (and an empty one) would put later arrays at unaligned offsets if packed
+    # back to back; Triton would then compile a second variant of a kernel mid-run.
+    arrays = [np.arange(3), np.arange(5) * 7, np.zeros(0), np.arange(6).reshape(2, 3)]
+    out = copy_to_device(arrays, dtype, torch.device("cpu"))
+    for host, dev in zip(arrays, out):
+        assert dev.dtype == torch.from_numpy(np.zeros(1, dtype)).dtype
+        assert tuple(dev.shape) == host.shape
+        assert (dev.numpy() == host).all()
+        assert dev.data_ptr() % ALIGN_BYTES == 0
