@@ -32,6 +32,7 @@ from minivllm.sampling_params import SamplingType
 from minivllm.utils.torch_utils import copy_to_device
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.cuda_graph import CUDAGraphRunner
+from minivllm.worker.kernel_warmup import kernel_warmup
 from minivllm.worker.kv_cache import (
     KVCacheSpec,
     allocate_kv_caches,
@@ -152,13 +153,16 @@ class ModelRunner:
         return num_blocks
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate the per-layer K/V tensors, bind them, and capture decode graphs."""
+        """Allocate the per-layer K/V tensors, bind them, compile every kernel variant, and
+        capture the CUDA graphs."""
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
         bind_kv_cache(self.model, self.kv_caches, self.attn_backend)
+        kernel_warmup(self)  # before the graphs: no variant may compile mid-run
         if not self.vllm_config.enforce_eager:
             self.cuda_graph_runner = CUDAGraphRunner(
                 self.model,
                 max_num_seqs=self.scheduler_config.max_num_seqs,
+                max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
                 max_model_len=self.model_config.max_model_len,
                 block_size=self.block_size,
                 hidden_size=self.model_config.hf_config.hidden_size,
@@ -262,15 +266,12 @@ class ModelRunner:
                 self.generators[s.request_id] = gen
 
     def _forward(self, inputs: ModelInputs) -> torch.Tensor:
-        """Run the model: replay a captured graph for decode batches, else eagerly."""
+        """Run the model: replay a captured graph when one fits the batch, else eagerly."""
         meta = inputs.attn_metadata
         graphs = self.cuda_graph_runner
-        if (
-            graphs is not None
-            and meta.max_query_len == 1
-            and graphs.padded_size(meta.num_seqs) is not None
-        ):
-            return graphs.run(inputs.input_ids, inputs.positions, meta)
+        key = None if graphs is None else graphs.graph_key(meta, inputs.input_ids.shape[0])
+        if key is not None:
+            return graphs.run(key, inputs.input_ids, inputs.positions, meta)
         with set_forward_context(meta):
             return self.model(inputs.input_ids, inputs.positions)
 
