@@ -33,7 +33,7 @@ import httpx
 import numpy as np
 
 from minivllm.benchmarks.common import default_output
-from minivllm.benchmarks.serve_client import RequestResult, Target, run_requests
+from minivllm.benchmarks.serve_client import LiveViewer, RequestResult, Target, run_requests
 from minivllm.benchmarks.workloads import Workload, throughput_workload
 
 
@@ -76,6 +76,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "(implies --launch-server)")
     parser.add_argument("--server-timeout", type=float, default=600.0,
                         help="seconds to wait for a launched server to become healthy")
+    parser.add_argument("--live-viewer", action="store_true",
+                        help="keep one viewer on /v1/live/stream during the run (the live "
+                             "page's cost to the engine; docs/live_view.md)")
     add_engine_bench_args(parser, default_output("serve.json"))
 
 
@@ -191,6 +194,17 @@ def run_rates(args: argparse.Namespace, target: Target, workload: Workload,
     return runs
 
 
+def run_rates_watched(args: argparse.Namespace, target: Target, workload: Workload,
+                      rates: list[float], result: dict[str, Any]) -> list[dict[str, Any]]:
+    """``run_rates``, with one live viewer attached throughout if ``--live-viewer``."""
+    if not args.live_viewer:
+        return run_rates(args, target, workload, rates)
+    with LiveViewer(target) as viewer:
+        runs = run_rates(args, target, workload, rates)
+    result["live_viewer"] = viewer.summary()
+    return runs
+
+
 def format_run(run: dict[str, Any]) -> str:
     """A short summary of one run, printed as it ends."""
     return (f"rate {run['request_rate']}: {run['completed']}/{run['num_prompts']} ok in "
@@ -223,13 +237,13 @@ def run_serve_bench(args: argparse.Namespace) -> dict[str, Any]:
             result["server"] = {"launched": True, "command": server.command_line}
             target = make_target(args, server.base_url)
             result["model"] = target.model
-            result["runs"] = run_rates(args, target, workload, rates)
+            result["runs"] = run_rates_watched(args, target, workload, rates, result)
     else:
         base_url = args.base_url or f"http://{args.host}:{args.port}"
         result["server"] = {"launched": False, "base_url": base_url}
         target = make_target(args, base_url)
         result["model"] = target.model
-        result["runs"] = run_rates(args, target, workload, rates)
+        result["runs"] = run_rates_watched(args, target, workload, rates, result)
     if "offline" in result:
         result["comparison"] = serve_compare.compare(result["offline"], result["runs"])
     write_json(output, result)

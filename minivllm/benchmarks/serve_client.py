@@ -21,6 +21,7 @@ import math
 import multiprocessing as mp
 import queue
 import random
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -67,6 +68,50 @@ def arrival_times(num: int, rate: float, seed: int) -> list[float]:
             t += rng.expovariate(rate)  # exponential gaps
         times.append(t)
     return times
+
+
+class LiveViewer:
+    """One viewer of the live page's stream (``--live-viewer``), in a thread.
+
+    It receives and parses every event of ``GET /v1/live/stream`` as the page would, so
+    a run with it measures the engine with one browser attached (docs/live_view.md): the
+    core then builds step records and the server sends them.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.url = target.base_url.rstrip("/") + "/v1/live/stream"
+        self.headers = target.headers
+        self.events = self.records = self.bytes = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="LiveViewer", daemon=True)
+
+    def __enter__(self) -> LiveViewer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()  # seen at the next event: the server sends one a second at least
+        self._thread.join(timeout=10.0)
+
+    def _watch(self) -> None:
+        try:
+            with httpx.stream("GET", self.url, headers=self.headers, timeout=60) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        self.bytes += len(line)
+                        self.events += 1
+                        self.records += json.loads(line[6:])["record"] is not None
+                    if self._stop.is_set():
+                        return
+        except Exception as exc:  # noqa: BLE001 (reported in the result, never fatal)
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def summary(self) -> dict[str, Any]:
+        """What the viewer received: events, those with a step record, bytes, error."""
+        return {"events": self.events, "records": self.records, "bytes": self.bytes,
+                "error": self.error}
 
 
 def make_client(target: Target) -> httpx.AsyncClient:
