@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from doclinks import CODE_SPAN_RE, iter_markdown
+from doclinks import iter_markdown
 from figures import FIG_RE, FigureError, FigureResolver, evaluate, find_figures, lookup
 
 from tests.docs import DOCS_DIR, doc_pages
@@ -24,7 +24,8 @@ _NUMBER = r"(?<![\w.,/-])\d[\d,]*(?:\.\d+)?"
 _RANGE = rf"{_NUMBER}(?:\s?(?:-|–|to)\s?\d[\d,]*(?:\.\d+)?)?"
 _UNIT = (
     r"(?:\s?(?:(?:(?:output|prompt|total) )?tok(?:ens)?(?:/s| per second)|requests/s"
-    r"|ms|us|µs|μs|GB/s|GiB/s|TB/s|TFLOP/s|TFLOPS|s)\b"
+    r"|ms|us|µs|μs|GB/s|GiB/s|TB/s|TFLOP/s|TFLOPS)\b"
+    r"|\ss\b"  # seconds need the space: "400s" is a plural
     r"|x(?!\w)|×|\s?%)"
 )
 MEASUREMENT_RE = re.compile(_RANGE + _UNIT)
@@ -43,22 +44,48 @@ so the list cannot outlive the text it excuses.
 """
 
 
-def _prose(line: str) -> str:
-    """A markdown line without figures, inline code and link targets."""
-    line = FIG_RE.sub(" FIG ", line)
-    line = CODE_SPAN_RE.sub(" CODE ", line)
-    return re.sub(r"\]\([^)]*\)", "] ", line)
+# Inline code may run over a line break inside a paragraph (a quoted error message).
+_CODE_SPAN_RE = re.compile(r"(?<!`)(`+)(?!`).+?(?<!`)\1(?!`)", re.DOTALL)
+
+
+def _keep_lines(token: str) -> object:
+    """A substitution that keeps the line breaks of what it replaces (for line numbers)."""
+    return lambda m: token + "\n" * m[0].count("\n")
+
+
+def _prose(paragraph: str) -> str:
+    """A paragraph without figures, inline code and link targets; line breaks kept."""
+    paragraph = FIG_RE.sub(_keep_lines(" FIG "), paragraph)
+    paragraph = _CODE_SPAN_RE.sub(_keep_lines(" CODE "), paragraph)
+    return re.sub(r"\]\([^)]*\)", "] ", paragraph)
+
+
+def _paragraphs(markdown: str) -> list[tuple[int, str]]:
+    """(first line, text) of each run of text lines between blank lines and code blocks."""
+    blocks: list[tuple[int, list[str]]] = []
+    previous = None
+    for kind, item in iter_markdown(markdown):
+        if kind != "text":
+            previous = None
+            continue
+        lineno, line = item  # type: ignore[misc]
+        if not line.strip():
+            previous = None
+        elif previous is not None and previous == lineno - 1:
+            blocks[-1][1].append(line)
+        else:
+            blocks.append((lineno, [line]))
+        previous = lineno if line.strip() else None
+    return [(first, "\n".join(lines)) for first, lines in blocks]
 
 
 def typed_figures(markdown: str) -> list[tuple[int, str]]:
     """(line, figure) for every measurement-looking number written outside ``fig()``."""
     found: list[tuple[int, str]] = []
-    for kind, item in iter_markdown(markdown):
-        if kind != "text":
-            continue
-        lineno, line = item  # type: ignore[misc]
-        prose = _prose(line)
+    for first, paragraph in _paragraphs(markdown):
+        prose = _prose(paragraph)
         for m in MEASUREMENT_RE.finditer(prose):
+            lineno = first + prose.count("\n", 0, m.start())
             before, after = prose[max(0, m.start() - 30) : m.start()], prose[m.end() : m.end() + 12]
             if not (GOAL_RE.search(before) or GOAL_RE.search(after)):
                 found.append((lineno, m[0]))
@@ -117,7 +144,10 @@ def test_scan_finds_typed_figures_and_skips_code_and_goals() -> None:
             "```bash",
             "minivllm bench throughput  # 23,409 tok/s",
             "```",
-            "A batch of 64 x 8,192 tokens, Qwen3-0.6B, 28 layers.",
+            "A batch of 64 x 8,192 tokens, Qwen3-0.6B, 28 layers; 400s name no `param`.",
+            "",
+            "The error reads `rank 1 did not answer within 5.0 s",
+            "after that`, and the step took 6.14 ms.",
         ]
     )
     assert typed_figures(page) == [
@@ -129,6 +159,7 @@ def test_scan_finds_typed_figures_and_skips_code_and_goals() -> None:
         (3, "4.51 ms"),
         (3, "13-22 µs"),
         (3, "4.22 TB/s"),
+        (12, "6.14 ms"),
     ]
 
 
