@@ -1,0 +1,127 @@
+"""``minivllm bench throughput --cold``: the throughput workload as a new user first meets it.
+
+A user's first run on a new machine starts from an empty Triton cache. Every kernel
+variant the engine launches is compiled once, and a variant first met during a timed run
+stalls it for a second or more (see ``worker/kernel_warmup.py``). So this benchmark runs
+the workload the way nano-vllm's own benchmark does (one tiny warm-up ``generate``, then
+the whole workload at temperature 0.6 through ``LLM.generate``), in a fresh process whose
+``TRITON_CACHE_DIR`` is an empty folder, and reports:
+
+* start-up time, from ``LLM(...)`` to ready, cold (empty cache) and warm (the same
+  folder, now filled, in a second fresh process);
+* the first timed run against a second one in the same process (equal when nothing
+  compiles mid-run), and a greedy run;
+* each as output tokens/s and as a share of the decode roofline.
+
+Upstream counterpart: ``vllm bench throughput`` (``vllm/benchmarks/throughput.py``), which
+does not separate cold from warm; its start-up compiles (torch.compile, CUDA graphs) are
+cached under ``~/.cache/vllm`` the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from minivllm.benchmarks.common import cuda_sync, environment, measure_copy_bandwidth, write_json
+from minivllm.benchmarks.roofline import decode_roofline
+from minivllm.benchmarks.throughput import (
+    SAMPLED_TEMPERATURE,
+    build_llm,
+    checkpoint_path,
+    generate_workload,
+)
+from minivllm.benchmarks.workloads import throughput_workload
+
+# The options a child process needs to rebuild the same engine and workload.
+_FORWARDED = ("model", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+              "gpu_memory_utilization", "attention_backend", "dtype", "tensor_parallel_size",
+              "async_scheduling", "num_requests")
+
+
+def run_cold_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Parent: run a cold and a warm child, combine their JSON. Child: measure one process."""
+    if args.cold_child:
+        result = measure_one_process(args)
+        write_json(Path(args.output), result)
+        return result
+    checkpoint_path(args)  # create the random checkpoint here, outside the timings
+    with tempfile.TemporaryDirectory(prefix="minivllm-triton-cache-") as cache:
+        cold = _run_child(args, cache)
+        warm = _run_child(args, cache)
+    first, second = cold["first_run"], cold["second_run"]
+    result = {**environment(), "workload": cold["workload"], "roofline": cold["roofline"],
+              "cold": cold, "warm": warm,
+              "first_over_second": first["output_tokens_per_s"] / second["output_tokens_per_s"]}
+    print(f"cold start {cold['startup_s']:.1f} s, warm start {warm['startup_s']:.1f} s; "
+          f"first timed run {first['output_tokens_per_s']:.0f} tok/s, second "
+          f"{second['output_tokens_per_s']:.0f} tok/s ({result['first_over_second']:.1%})",
+          flush=True)
+    write_json(Path(args.output), result)
+    return result
+
+
+def _run_child(args: argparse.Namespace, cache: str) -> dict[str, Any]:
+    """One fresh process with ``TRITON_CACHE_DIR=cache``; returns its JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "child.json"
+        argv = [sys.executable, "-m", "minivllm.cli", "bench", "throughput", "--cold-child",
+                "--output", str(out), "--input-len-range", *map(str, args.input_len_range),
+                "--output-len-range", *map(str, args.output_len_range)]
+        for name in _FORWARDED:
+            value = getattr(args, name)
+            if value is not None:
+                argv += [f"--{name.replace('_', '-')}", str(value)]
+        if args.enforce_eager:
+            argv.append("--enforce-eager")
+        if getattr(args, "allow_cpu", False):
+            argv.append("--allow-cpu")
+        subprocess.run(argv, env={**os.environ, "TRITON_CACHE_DIR": cache}, check=True)
+        return json.loads(out.read_text())
+
+
+def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the engine (timed), warm up on one tiny request, then time the workload
+    twice sampled and once greedy."""
+    from minivllm import SamplingParams
+
+    workload = throughput_workload(args.num_requests, 0, tuple(args.input_len_range),
+                                   tuple(args.output_len_range))
+    path = checkpoint_path(args)
+    cuda_sync()
+    start = time.perf_counter()
+    llm = build_llm(args, path)
+    cuda_sync()
+    result: dict[str, Any] = {"startup_s": time.perf_counter() - start, "workload": {
+        "num_requests": len(workload.prompts), "prompt_tokens": workload.num_prompt_tokens,
+        "output_tokens": workload.num_output_tokens}}
+    llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=8),
+                 use_tqdm=False)
+    roof = None
+    if args.tensor_parallel_size == 1:
+        from minivllm.benchmarks.throughput import _weights_and_kv_spec
+
+        weights, spec = llm.collective_rpc(_weights_and_kv_spec)[0]
+        roof = decode_roofline(workload, weights,
+                               spec.page_size_bytes * spec.num_layers // spec.block_size,
+                               measure_copy_bandwidth())
+    result["roofline"] = None if roof is None else vars(roof)
+    runs = (("first_run", SAMPLED_TEMPERATURE), ("second_run", SAMPLED_TEMPERATURE),
+            ("greedy_run", 0.0))
+    for name, temperature in runs:
+        seconds = generate_workload(llm, workload, temperature)
+        rate = workload.num_output_tokens / seconds
+        result[name] = {"temperature": temperature, "seconds": seconds,
+                        "output_tokens_per_s": rate}
+        if roof is not None:
+            result[name]["fraction_of_roofline"] = rate / roof.max_output_tokens_per_s
+        print(f"{name}: {rate:.0f} output tok/s (temperature {temperature})", flush=True)
+    llm.shutdown()
+    return result

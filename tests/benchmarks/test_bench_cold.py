@@ -1,0 +1,34 @@
+"""``bench throughput --cold`` and the sampled run (CPU, tiny model: shape, not speed)."""
+
+from __future__ import annotations
+
+import json
+
+from minivllm.cli import main
+from tests.benchmarks.test_bench_smoke import COMMON, qwen3_dir  # noqa: F401 - fixture
+
+WORKLOAD = ["--num-requests", "3", "--input-len-range", "4", "12", "--output-len-range", "2", "5"]
+
+
+def test_throughput_reports_greedy_and_sampled(qwen3_dir, tmp_path) -> None:  # noqa: F811
+    out = tmp_path / "t.json"
+    main(["bench", "throughput", "--model", qwen3_dir, *WORKLOAD, "--output", str(out), *COMMON])
+    mini = json.loads(out.read_text())["minivllm"]
+    assert mini["sampled"]["temperature"] == 0.6
+    assert mini["sampled"]["output_tokens_per_s"] > 0
+    assert mini["sampled"]["fraction_of_roofline"] > 0
+
+
+def test_cold_runs_two_fresh_processes_on_one_new_cache(qwen3_dir, tmp_path) -> None:  # noqa: F811
+    out = tmp_path / "cold.json"
+    main(["bench", "throughput", "--cold", "--model", qwen3_dir, *WORKLOAD, "--output", str(out),
+          *COMMON])
+    result = json.loads(out.read_text())
+    assert "--cold" in result["command"]
+    for start in ("cold", "warm"):
+        assert result[start]["startup_s"] > 0
+        for run in ("first_run", "second_run", "greedy_run"):
+            assert result[start][run]["output_tokens_per_s"] > 0
+    assert result["cold"]["first_run"]["temperature"] == 0.6
+    assert result["cold"]["greedy_run"]["temperature"] == 0.0
+    assert result["first_over_second"] > 0
