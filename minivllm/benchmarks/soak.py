@@ -82,6 +82,13 @@ def add_soak_args(parser: argparse.ArgumentParser) -> None:
         default=16,
         help="requests run at once in the reference (1: each alone)",
     )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="offline engine: stop sending new requests after this long (the requests "
+        "sent finish and are checked; the results count them)",
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="auto")
     parser.add_argument(
@@ -175,8 +182,12 @@ def _example(r: SoakRequest, seen: Any, solo: Any, margin: float | None) -> dict
     }
 
 
-def run_soak(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the soak test described by ``args``; return (and write) its results."""
+def run_soak(args: argparse.Namespace, in_thread: bool = False) -> dict[str, Any]:
+    """Run the soak test described by ``args``; return (and write) its results.
+
+    ``in_thread`` runs ``AsyncLLM``'s engine core in a thread instead of a process of
+    its own (same sockets and code; the tests use it to save the process start).
+    """
     from minivllm.demo import demo_model_path
     from minivllm.engine.arg_utils import EngineArgs
 
@@ -194,11 +205,16 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
 
         engine = LLMEngine.from_engine_args(engine_args)
         try:
-            result = drive_offline(engine, workload, args.seed, args.max_in_flight)
+            deadline = time.monotonic() + args.max_seconds if args.max_seconds else None
+            result = drive_offline(
+                engine, workload, args.seed, args.max_in_flight, deadline=deadline
+            )
         finally:
             engine.shutdown()
     elif args.engine == "async":
-        result = asyncio.run(_drive_async_llm(engine_args, workload, args.max_in_flight))
+        result = asyncio.run(
+            _drive_async_llm(engine_args, workload, args.max_in_flight, not in_thread)
+        )
     else:
         result = run_server_soak(model, engine_kwargs(args), workload, args.max_in_flight)
     soak_s = time.perf_counter() - t0
@@ -231,13 +247,17 @@ def summarize(
 ) -> dict[str, Any]:
     """The results record: settings, counts, the checks' verdict."""
     obs = result.observed
+    sent = [
+        r for r in workload if obs[r.index].finished or obs[r.index].aborted or obs[r.index].error
+    ]
     counts = {
-        "requests": len(workload),
-        "samples": sum(r.params.n for r in workload),
+        "requests_planned": len(workload),
+        "requests": len(sent),
+        "samples": sum(r.params.n for r in sent),
         "finished": sum(o.finished for o in obs.values()),
         "aborted": sum(o.aborted for o in obs.values()),
         "errors": sum(o.error is not None for o in obs.values()),
-        "unseeded_not_compared": sum(not r.comparable for r in workload),
+        "unseeded_not_compared": sum(not r.comparable for r in sent),
         **{k: v for k, v in checks.items() if isinstance(v, int)},
         "leaked_blocks": result.leaked_blocks,
         "unfinished_at_end": result.unfinished,
@@ -268,6 +288,7 @@ def summarize(
             "abort_rate",
             "tie_tolerance",
             "reference_batch",
+            "max_seconds",
             "dtype",
         )
     }

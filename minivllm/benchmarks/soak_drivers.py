@@ -56,15 +56,31 @@ def _stats_dict(stats: Any) -> dict[str, Any]:
 
 
 def drive_offline(
-    engine: Any, workload: list[SoakRequest], seed: int, max_in_flight: int = 64
+    engine: Any,
+    workload: list[SoakRequest],
+    seed: int,
+    max_in_flight: int = 64,
+    stall_steps: int = 200,
+    deadline: float | None = None,
 ) -> DriverResult:
     """Feed ``workload`` to an ``LLMEngine`` a few requests per step, aborting the marked
-    ones after their number of steps, until every request has ended."""
+    ones after their number of steps, until every request has ended.
+
+    An engine that goes ``stall_steps`` steps without any output is stuck (a leak can
+    leave no block for anyone): the requests left then end with the error "stalled".
+    Past ``deadline`` (``time.monotonic()``) no new request is sent; those sent finish.
+    """
     rng = random.Random(seed)
+    idle_steps = reported = 0
     pending = list(reversed(workload))
     live: dict[str, list] = {}  # request id -> [request, steps left before its abort]
     observed: dict[int, Observed] = {r.index: Observed() for r in workload}
     while pending or live:
+        if deadline is not None and time.monotonic() > deadline:
+            pending.clear()
+        if (len(workload) - len(pending)) // 1000 > reported:
+            reported = (len(workload) - len(pending)) // 1000
+            print(f"soak: {1000 * reported} requests sent", flush=True)
         arrivals = rng.randint(0, 4) if live else 1
         for _ in range(arrivals):
             if not pending or len(live) >= max_in_flight:
@@ -75,7 +91,12 @@ def drive_offline(
         _abort_due(engine, live, observed)
         if not live:
             continue
-        for out in engine.step():
+        outputs = engine.step()
+        idle_steps = 0 if outputs else idle_steps + 1
+        if idle_steps > stall_steps:
+            _give_up(engine, live, observed, pending)
+            break
+        for out in outputs:
             entry = live.get(out.request_id)
             if entry is None:
                 continue
@@ -96,6 +117,16 @@ def drive_offline(
         unfinished=unfinished + len(kv.req_to_blocks),
         stats=_stats_dict(core.scheduler.make_stats()),
     )
+
+
+def _give_up(
+    engine: Any, live: dict[str, list], observed: dict[int, Observed], pending: list
+) -> None:
+    engine.abort_request(list(live))
+    for r in [entry[0] for entry in live.values()] + pending:
+        observed[r.index].error = "stalled: the engine made no progress"
+    live.clear()
+    pending.clear()
 
 
 def _abort_due(engine: Any, live: dict[str, list], observed: dict[int, Observed]) -> None:
@@ -146,12 +177,16 @@ async def drive_async(
 
 
 async def _run_all(
-    workload: list[SoakRequest], observed: dict[int, Observed], consume: Any, max_in_flight: int
+    workload: list[SoakRequest],
+    observed: dict[int, Observed],
+    consume: Any,
+    max_in_flight: int,
+    stall_s: float = 300.0,
 ) -> None:
     """Start each request's ``consume(request, reached)`` at its arrival time, at most
     ``max_in_flight`` at once; cancel the odd marked ones once ``reached`` is set (at
     once for ``abort_after == 0``). A request that ends without finishing is aborted; one
-    that raises records the error."""
+    that raises records the error, as does one not ended after ``stall_s`` seconds."""
     gate = asyncio.Semaphore(max_in_flight)
 
     async def one(r: SoakRequest, start: float) -> None:
@@ -167,9 +202,13 @@ async def _run_all(
                 else:
                     await asyncio.sleep(0)
                 task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=stall_s)
+            if not done:
+                task.cancel()
+                observed[r.index].error = f"stalled: not ended after {stall_s} s"
             (result,) = await asyncio.gather(task, return_exceptions=True)
             obs = observed[r.index]
-            if isinstance(result, Exception):
+            if isinstance(result, Exception) and obs.error is None:
                 obs.error = f"{type(result).__name__}: {result}"
             obs.aborted = not obs.finished and obs.error is None
 
