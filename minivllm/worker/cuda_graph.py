@@ -18,8 +18,8 @@ Two families of graphs follow from the last rule:
 * **decode** graphs, one per batch size in ``capture_sizes``: every sequence has one
   query token (``max_query_len == 1``) and ``max_seq_len`` is fixed at
   ``max_model_len``; padded rows attend to one token.
-* **prefill** graphs, one per token count in ``prefill_capture_sizes`` (up to 512, as
-  vLLM's default largest capture size): any batch of at most that many tokens whose
+* **prefill** graphs, one per token count in ``prefill_capture_sizes`` (powers of two up
+  to 2048): any batch of at most that many tokens whose
   longest query picks the attention kernel's prefill tiles. The kernel's grid is an
   upper bound computed from the token count and the sequence count, so the graph is
   captured with the most sequences such a batch can hold (one token each, at most
@@ -57,13 +57,17 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-# vLLM's default largest capture size; longer prefills hide their launches in compute.
-MAX_PREFILL_CAPTURE_SIZE = 512
+# Up to about this many tokens an eager prefill's host launch cost (tens of milliseconds
+# through the custom-op dispatcher) exceeds its GPU time; longer ones hide their launches
+# in compute. (vLLM's default largest capture size is 512, but its prefill pieces are
+# compiled, so launching them eagerly costs far less.)
+MAX_PREFILL_CAPTURE_SIZE = 2048
 
 
 def default_prefill_capture_sizes(max_num_batched_tokens: int) -> list[int]:
     """Token counts to capture prefill graphs for: powers of two from the shortest query
-    that selects prefill tiles up to 512 (and the step's token budget)."""
+    that selects prefill tiles up to ``MAX_PREFILL_CAPTURE_SIZE`` (and the step's token
+    budget)."""
     limit = min(MAX_PREFILL_CAPTURE_SIZE, max_num_batched_tokens)
     sizes, t = [], PREFILL_MIN_QUERY_LEN
     while t <= limit:

@@ -17,8 +17,8 @@ def test_capture_sizes_cover_every_batch() -> None:
     assert default_capture_sizes(3) == [1, 2, 3]
 
 
-def test_prefill_capture_sizes_stop_at_the_budget_and_512() -> None:
-    assert default_prefill_capture_sizes(16384) == [32, 64, 128, 256, 512]
+def test_prefill_capture_sizes_stop_at_the_budget_and_2048() -> None:
+    assert default_prefill_capture_sizes(16384) == [32, 64, 128, 256, 512, 1024, 2048]
     assert default_prefill_capture_sizes(100) == [32, 64]
     assert default_prefill_capture_sizes(16) == []
 
