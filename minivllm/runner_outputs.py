@@ -87,13 +87,23 @@ class SamplerOutput:
     """What the sampler returns for one step.
 
     Attributes:
-        sampled_token_ids: ``[num_reqs]`` int64, on the device.
+        sampled_token_ids: ``[num_reqs]`` int64, on the device. Always a valid token id,
+            even for a row whose logits were not finite (async scheduling feeds it to
+            the next step before anyone looks).
         logprobs_tensors: Sampled token's and top-N raw logprobs per row, or None when
             no row asked for logprobs.
+        logits_finite: ``[num_reqs]`` bool, on the device: False where the model's raw
+            logits row held a NaN or +inf, or nothing but -inf (the row's token means
+            nothing); None when nothing checked.
     """
 
     sampled_token_ids: torch.Tensor
     logprobs_tensors: LogprobsTensors | None = None
+    logits_finite: torch.Tensor | None = None
+
+
+NONFINITE_LOGITS_ERROR = "the model's logits for this request were not finite (NaN or inf)"
+"""The error of a request whose logits row failed the sampler's finiteness check."""
 
 
 @dataclass
@@ -106,12 +116,16 @@ class ModelRunnerOutput:
         logprobs: Row ``i``: raw logprobs of request ``i``'s sampled token and the
             batch's top-N; None when no request asked for logprobs.
         prompt_logprobs: request id -> prompt logprobs computed this step.
+        errors: request id -> why its row failed (e.g. ``NONFINITE_LOGITS_ERROR``); its
+            entry in ``sampled_token_ids`` is meaningless. The scheduler finishes such
+            a request with an error; the other rows are unaffected.
     """
 
     req_ids: list[str]
     sampled_token_ids: list[int]
     logprobs: LogprobsLists | None = None
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 class AsyncModelRunnerOutput(ABC):

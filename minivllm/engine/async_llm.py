@@ -182,8 +182,8 @@ class AsyncLLM:
             if queue is not None and not finished:
                 await self.abort(request_id)
             raise
-        except (ValueError, EngineDeadError):
-            raise
+        except (ValueError, EngineDeadError, EngineGenerateError):
+            raise  # already this request's own error (a failed request needs no abort)
         except Exception as exc:
             await self.abort(request_id)
             raise EngineGenerateError(f"request {request_id} failed: {exc}") from exc

@@ -47,6 +47,7 @@ from minivllm.engine import (
     EngineCoreRequestType,
     FinishReason,
 )
+from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.serial_utils import decode_abort, decode_request, decode_step_records, encode
 from minivllm.executor.abstract import Executor
 from minivllm.request import Request, RequestStatus
@@ -58,6 +59,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
 }
 
 
@@ -187,6 +189,10 @@ class EngineCore:
         The host's work hides behind the device's instead of adding to it. The price:
         a request that stops in step N (EOS, stop token or string) has already been
         scheduled for N+1, and that one token is computed and dropped.
+
+        A step that raises, when queued or when its results are read, fails its own
+        requests and no others (``_fail_step``); only a dead executor escapes, as
+        ``EngineDeadError``.
         """
         outputs: list[EngineCoreOutput] = []
         # The tracer pictures the KV cache as each step left it, so it runs in step.
@@ -200,13 +206,18 @@ class EngineCore:
                 record = self.step_recorder.on_schedule(scheduler_output)
                 if record is not None:
                     self._step_records.append(record)
-            handle = self.model_executor.execute_model_async(scheduler_output)
-            if run_ahead:
-                previous, self._in_flight = self._in_flight, (scheduler_output, handle)
-                if previous is not None:
-                    self._process_step(*previous, outputs)
+            try:
+                handle = self.model_executor.execute_model_async(scheduler_output)
+            except Exception as exc:
+                self._drain(outputs)  # the step in flight may still be fine
+                self._fail_step(scheduler_output, exc, outputs, resend_finished=True)
             else:
-                self._process_step(scheduler_output, handle, outputs)
+                if run_ahead:
+                    previous, self._in_flight = self._in_flight, (scheduler_output, handle)
+                    if previous is not None:
+                        self._process_step(*previous, outputs)
+                else:
+                    self._process_step(scheduler_output, handle, outputs)
         if not self.scheduler.has_unfinished_requests():
             # Everything finished: the step in flight only computed tokens past the end.
             self._drain(outputs)
@@ -243,13 +254,19 @@ class EngineCore:
     ) -> None:
         """Wait for a step's tokens, hand them to the scheduler (which appends them and
         applies the token-level stop rules), and describe each request's gains."""
-        runner_output = handle.get_output()
-        due = scheduler_output.sampling_requests()
-        # Asked before the scheduler appends: afterwards a request that just finished
-        # looks like one that had finished before the step.
-        keeps = self.scheduler.keeps_token
-        live = [(row, s.request) for row, s in enumerate(due) if keeps(s.request)]
-        self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)
+        try:
+            runner_output = handle.get_output()
+            due = scheduler_output.sampling_requests()
+            # Asked before the scheduler appends: afterwards a request that just
+            # finished looks like one that had finished before the step.
+            keeps = self.scheduler.keeps_token
+            live = [(row, s.request) for row, s in enumerate(due) if keeps(s.request)]
+            self.scheduler.update_from_output(
+                scheduler_output, runner_output.sampled_token_ids, runner_output.errors
+            )
+        except Exception as exc:  # update_from_output checks before it changes anything
+            self._fail_step(scheduler_output, exc, outputs, resend_finished=False)
+            return
         if self.tracer is not None:
             self.tracer.record_step(scheduler_output, self.kv_cache_manager)
         sampled = set()
@@ -261,18 +278,47 @@ class EngineCore:
             if rid not in sampled and request is not None:  # a prefill chunk, no token yet
                 outputs.append(self._make_output(request, None, runner_output))
 
+    def _fail_step(
+        self,
+        scheduler_output: SchedulerOutput,
+        exc: Exception,
+        outputs: list[EngineCoreOutput],
+        resend_finished: bool,
+    ) -> None:
+        """A step raised: fail exactly its requests, unless the workers are gone.
+
+        Only the failed step's requests depend on its results, and the scheduler
+        finishes them (``Scheduler.fail_step``); everyone else runs on. With no workers
+        left (``Executor.is_failed``) nothing can run: the engine is dead.
+        """
+        first_line = str(exc).partition("\n")[0]  # a TP error's traceback follows
+        reason = f"{type(exc).__name__}: {first_line}"
+        if self.model_executor.is_failed:
+            raise EngineDeadError(f"the model's workers are gone: {reason}") from exc
+        failed = self.scheduler.fail_step(scheduler_output, reason, resend_finished)
+        logger.error(
+            "a step failed; its requests %s finish with an error",
+            [r.request_id for r in failed],
+            exc_info=exc,
+        )
+        for request in failed:
+            outputs.append(self._make_output(request, None, None))
+
     def _make_output(
-        self, request: Request, row: int | None, runner_output: ModelRunnerOutput
+        self, request: Request, row: int | None, runner_output: ModelRunnerOutput | None
     ) -> EngineCoreOutput:
         rid = request.request_id
+        if request.status == RequestStatus.FINISHED_ERROR:
+            row = None  # its row's token and logprobs mean nothing
+        prompt_logprobs = None if runner_output is None else runner_output.prompt_logprobs
         out = EngineCoreOutput(
             rid,
             [] if row is None else [request.output_token_ids[-1]],
-            new_prompt_logprobs=runner_output.prompt_logprobs.get(rid),
+            new_prompt_logprobs=None if prompt_logprobs is None else prompt_logprobs.get(rid),
             num_cached_tokens=request.num_cached_tokens,
             events=self._events.pop(rid, None),
         )
-        lists = runner_output.logprobs
+        lists = None if runner_output is None else runner_output.logprobs
         if row is not None and lists is not None and request.sampling_params.logprobs is not None:
             out.new_logprobs = LogprobsLists(
                 [lists.token_ids[row]], [lists.logprobs[row]], [lists.ranks[row]]
@@ -301,7 +347,11 @@ class EngineCoreProc(EngineCore):
         self.output_queue = output_queue
 
     def run_busy_loop(self) -> None:
-        """Forever: take in every pending message (waiting for one when idle), then step."""
+        """Forever: take in every pending message (waiting for one when idle), then step.
+
+        A failed step fails its own requests inside ``step``; only a dead engine (an
+        ``EngineDeadError``, or a bug outside the step) leaves the loop.
+        """
         while True:
             self._process_input_queue()
             if self.has_work():
@@ -402,7 +452,8 @@ def run_engine_core(
         pass
     except BaseException as exc:  # noqa: BLE001 (every failure must reach the front end)
         logger.exception("engine core failed")
-        output_queue.put(EngineCoreOutputs(engine_error=f"{type(exc).__name__}: {exc}"))
+        reason = exc.reason if isinstance(exc, EngineDeadError) else f"{type(exc).__name__}: {exc}"
+        output_queue.put(EngineCoreOutputs(engine_error=reason))
     finally:
         if engine is not None:
             engine.shutdown()
@@ -468,4 +519,3 @@ def _check_pool_fits_one_request(num_blocks: int, block_size: int, max_model_len
             f"could never run. Raise num_kv_blocks (or gpu_memory_utilization) or lower "
             f"max_model_len."
         )
-

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 
 class EngineGenerateError(Exception):
-    """One request failed; the engine is healthy and other requests go on."""
+    """One request failed inside the engine (its logits were not finite, or its step
+    raised); the engine is healthy and other requests go on. The server answers 500."""
 
 
 class EngineDeadError(Exception):
@@ -18,6 +19,7 @@ class EngineDeadError(Exception):
     """
 
     def __init__(self, reason: str = "the engine core is dead") -> None:
+        self.reason = reason
         super().__init__(
             f"EngineCore encountered an issue: {reason}. See the engine core's log for the "
             f"original error; restart the engine to serve again."

@@ -14,6 +14,11 @@ the caller asked for with ``SamplingParams.output_kind``:
 A stop string is found here, in text, after the core has already moved on, so the
 processor reports the request in ``reqs_to_abort`` and the front end aborts it in the
 core. The status of a request inside the core is the scheduler's alone.
+
+A request that failed inside the core (``FinishReason.ERROR``: its logits were not
+finite, or its step raised) ends like any other for ``LLMEngine``: an output with
+``finish_reason="error"`` and the reason in ``stop_reason``, as upstream. A stream's
+caller (``AsyncLLM``) gets an ``EngineGenerateError`` instead, and only that caller.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 from minivllm.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.exceptions import EngineGenerateError
 from minivllm.engine.logprobs import LogprobsProcessor
 from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.metrics.stats import IterationStats, RequestStateStats
@@ -237,7 +243,8 @@ class RequestState:
                 # that the last token left incomplete (U+FFFD).
                 detok.flush()
         text = detok.output_text
-        end = len(text) if finished else len(text) - self.stop_buffer_length
+        # Never negative: text shorter than the held-back length sends nothing yet.
+        end = len(text) if finished else max(0, len(text) - self.stop_buffer_length)
         if not delta:
             return text[:end]
         piece = text[self.sent_text : end]
@@ -316,13 +323,16 @@ class OutputProcessor:
             state = self.request_states.get(out.request_id)
             if state is None:
                 continue  # aborted by the front end while the core was stepping
-            if out.finish_reason == FinishReason.ERROR:
-                self._fail(state, ValueError(str(out.stop_reason)))
+            if out.finish_reason == FinishReason.ERROR and state.queue is not None:
+                # A stream ends with the error, raised to its caller alone.
+                result.reqs_to_abort.extend(self._fail(state, str(out.stop_reason)))
                 continue
             for event in out.events or ():
                 stats.record_event(state.stats, event.type.name.lower(), event.timestamp)
             stats.record_tokens(
-                state.stats, len(out.new_token_ids), engine_core_timestamp,
+                state.stats,
+                len(out.new_token_ids),
+                engine_core_timestamp,
                 len(state.prompt_token_ids),
             )
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
@@ -354,12 +364,15 @@ class OutputProcessor:
             state.num_cached_tokens,
         )
 
-    def _fail(self, state: RequestState, error: BaseException) -> None:
-        """The core refused the request: its caller gets the error, siblings stop too."""
-        ids = [state.parent.request_id if state.parent is not None else state.request_id]
-        self.abort_requests(ids)
-        if state.queue is not None:
-            state.queue.put(error)
+    def _fail(self, state: RequestState, message: str) -> list[str]:
+        """The core finished a streamed request with ``ERROR``: its caller gets an
+        ``EngineGenerateError`` and the request's other samples stop too. Returns the
+        sibling ids the core must abort."""
+        request_id = state.parent.request_id if state.parent is not None else state.request_id
+        siblings = self.abort_requests([request_id])
+        assert state.queue is not None
+        state.queue.put(EngineGenerateError(f"request {request_id} failed: {message}"))
+        return [rid for rid in siblings if rid != state.request_id]
 
     def propagate_error(self, error: BaseException) -> None:
         """The engine died: every waiting caller gets ``error``; all state is dropped."""

@@ -82,5 +82,16 @@ class Executor(ABC):
             kwargs: Keyword arguments for the call.
         """
 
+    @property
+    def is_failed(self) -> bool:
+        """True once the workers are gone (a process died, ranks fell out of step, or
+        ``shutdown``): no call can succeed any more, so the engine is dead.
+
+        A call that merely raised leaves this False: the workers are in step and the
+        engine fails only that step's requests. One process never fails this way.
+        Upstream counterpart: ``MultiprocExecutor.is_failed``.
+        """
+        return False
+
     def shutdown(self) -> None:  # noqa: B027 (nothing to release in one process)
         """Release the workers (idempotent)."""

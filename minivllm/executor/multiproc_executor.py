@@ -9,8 +9,13 @@ pickled ``(method, args, kwargs)`` is written to every worker's pipe, every work
 it, and every worker answers (rank 0 with the result, the others with an
 acknowledgement).
 Keeping the engine out of the collectives is what makes failures reportable: a rank that
-raises leaves the others blocked inside an all-reduce, and only a process that is not
-itself blocked there can notice, name the rank, and kill them all.
+raises may leave the others blocked inside an all-reduce, and only a process that is not
+itself blocked there can notice, name the rank, and decide. It waits a little for the
+other ranks' answers: if every rank answers, the ranks are still in step (they all
+raised the same error, or the failure came after the step's last collective), so only
+that call failed and the workers serve on. If a rank stays silent, it is stuck in a
+collective its failed peer never joined; a rank whose process died is gone. Then the
+only safe state is no workers: all are stopped, and the executor ``is_failed``.
 
 vLLM does the same with a shared-memory ring buffer (``MessageQueue``) for the
 broadcast and a response queue per worker; minivllm uses one ``multiprocessing`` pipe
@@ -49,6 +54,10 @@ START_METHOD_ENV = "MINIVLLM_WORKER_MULTIPROC_METHOD"
 
 _SHUTDOWN = "shutdown"
 
+STRAGGLER_TIMEOUT_S = 5.0
+"""Once one rank's call failed, how long the other ranks get to answer before they count
+as stuck in a collective (the ranks out of step: the workers are stopped)."""
+
 
 def get_mp_context(vllm_config: VllmConfig) -> mp.context.BaseContext:
     """``spawn`` on CUDA, ``fork`` on the CPU (unless ``START_METHOD_ENV`` says otherwise).
@@ -67,10 +76,12 @@ def get_mp_context(vllm_config: VllmConfig) -> mp.context.BaseContext:
 class MultiprocExecutor(Executor):
     """Starts ``tensor_parallel_size`` worker processes and runs every call on all of them.
 
-    A failure in any rank (an exception, or the process dying) shuts every worker down
-    and raises ``RuntimeError("rank R: <error>")`` with the remote traceback; so does an
-    interrupt (Ctrl-C) while a call is in flight. Workers are daemons, ignore SIGINT
-    (the engine decides), and exit by themselves when the engine process disappears.
+    An exception in a rank raises ``RuntimeError("rank R: <error>")`` with the remote
+    traceback. When every rank still answered, that is all: the workers serve the next
+    call. When a rank does not answer within ``STRAGGLER_TIMEOUT_S`` of the failure, or
+    a worker process died, or Ctrl-C interrupts a call, every worker is shut down and
+    ``is_failed`` turns True. Workers are daemons, ignore SIGINT (the engine decides),
+    and exit by themselves when the engine process disappears.
     """
 
     def __init__(self, vllm_config: VllmConfig) -> None:
@@ -125,6 +136,10 @@ class MultiprocExecutor(Executor):
         awaited from all ranks at once, so whichever rank fails first is reported. Only
         a method *name* crosses the pipe: upstream also ships callables (with
         cloudpickle), which would let any code through the workers' pipes.
+
+        Raises:
+            RuntimeError: A rank raised (``is_failed`` says whether the workers were
+                stopped as well), a worker died, or the workers are already stopped.
         """
         if not isinstance(method, str):
             raise TypeError(
@@ -136,39 +151,69 @@ class MultiprocExecutor(Executor):
             raise RuntimeError(f"the tensor-parallel workers are shut down: {self._dead_reason}")
         data = pickle.dumps((method, args, kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            for conn in self.conns:
-                conn.send_bytes(data)
-            return self._gather(method)
+            for rank, conn in enumerate(self.conns):
+                try:
+                    conn.send_bytes(data)
+                except OSError:  # the worker's end is closed: its process is gone
+                    raise self._died(rank, method) from None
+            results, error = self._gather(method)
         except BaseException as exc:
-            # An error or Ctrl-C mid-call leaves the ranks out of step (some may be
-            # blocked in a collective forever): the only safe state is no workers.
-            self._dead_reason = f"{method} failed: {type(exc).__name__}"
+            # A dead worker, a silent rank or Ctrl-C mid-call leaves the ranks out of
+            # step (some may be blocked in a collective forever): the only safe state
+            # is no workers.
+            first_line = str(exc).partition("\n")[0]
+            self._dead_reason = f"{method} failed: {type(exc).__name__}: {first_line}"
             self.shutdown(graceful=False)
             raise
+        if error is not None:
+            raise error  # every rank answered: the workers are in step and serve on
+        return results
 
-    def _gather(self, method: str) -> list[Any]:
+    def _gather(self, method: str) -> tuple[list[Any], RuntimeError | None]:
+        """Every rank's answer, and the first rank's error if one failed.
+
+        Raises ``RuntimeError`` itself when a worker died, or when a rank is still
+        silent ``STRAGGLER_TIMEOUT_S`` after another one failed.
+        """
         results: list[Any] = [None] * self.world_size
         pending = dict(zip(self.conns, range(self.world_size)))
+        failed: tuple[int, str, str] | None = None  # (rank, summary, traceback)
+        deadline = float("inf")
         while pending:
+            if failed is not None and time.monotonic() > deadline:
+                rank, summary, remote_tb = failed
+                raise _rank_error(
+                    rank,
+                    f"{summary}; rank(s) {sorted(pending.values())} did not answer within "
+                    f"{STRAGGLER_TIMEOUT_S} s after that (stuck in a collective): the ranks "
+                    f"are out of step",
+                    remote_tb,
+                )
             # A timeout, so an interrupt delivered to another thread is seen within 1 s.
-            for conn in wait(list(pending), timeout=1.0):
+            for conn in wait(list(pending), timeout=min(1.0, STRAGGLER_TIMEOUT_S)):
                 rank = pending.pop(conn)
                 try:
                     reply = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    proc = self.workers[rank]
-                    proc.join(timeout=1.0)
-                    raise RuntimeError(
-                        f"rank {rank}: the worker process died during {method} "
-                        f"(exit code {proc.exitcode})"
-                    ) from None
-                if reply[0] == "error":
-                    _, summary, remote_tb = reply
-                    raise RuntimeError(
-                        f"rank {rank}: {summary}\n\nTraceback of rank {rank}:\n{remote_tb}"
-                    )
-                results[rank] = reply[1]
-        return results
+                    raise self._died(rank, method) from None
+                if reply[0] == "ok":
+                    results[rank] = reply[1]
+                elif failed is None:
+                    failed = (rank, reply[1], reply[2])
+                    deadline = time.monotonic() + STRAGGLER_TIMEOUT_S
+        return results, None if failed is None else _rank_error(*failed)
+
+    def _died(self, rank: int, method: str) -> RuntimeError:
+        proc = self.workers[rank]
+        proc.join(timeout=1.0)
+        return RuntimeError(
+            f"rank {rank}: the worker process died during {method} (exit code {proc.exitcode})"
+        )
+
+    @property
+    def is_failed(self) -> bool:
+        """True once the workers are stopped (see ``Executor.is_failed``)."""
+        return self._dead_reason is not None
 
     def determine_num_blocks(self) -> int:
         """Each rank sizes its pool; all use the smallest so every block id is valid
@@ -198,6 +243,11 @@ class MultiprocExecutor(Executor):
             self._dead_reason = "shutdown() was called"
         if self._finalizer.detach() is not None:
             _terminate_workers(self.workers, self.conns, graceful)
+
+
+def _rank_error(rank: int, summary: str, remote_tb: str) -> RuntimeError:
+    """``rank R: <summary>`` on the first line, the remote traceback below it."""
+    return RuntimeError(f"rank {rank}: {summary}\n\nTraceback of rank {rank}:\n{remote_tb}")
 
 
 def _terminate_workers(
@@ -240,7 +290,7 @@ def worker_main(
     """Entry point of a worker process: serve calls from the engine until told to stop.
 
     Each call's exception is sent back as ``("error", "Type: message", traceback)``
-    and the loop goes on (the engine decides what a failure means: it shuts down).
+    and the loop goes on (the executor decides what a failure means).
     """
     # Ctrl-C reaches the whole foreground process group; only the engine handles it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

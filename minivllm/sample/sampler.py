@@ -16,6 +16,12 @@ The order is vLLM's, and it matters:
 8. top-k, then top-p on what top-k kept;
 9. the exponential race, per-row generators for seeded requests;
 10. pick greedy or random per row; gather logprobs of the sampled tokens.
+
+Beside the tokens, every row's raw logits are checked for being finite (their maximum
+is a finite number: no NaN, no +inf, not all -inf). A row that fails, say an overflow
+in one sequence, has no meaningful token; the runner reports that request failed and
+the rest of the batch is unaffected, since every stage here works row by row. On the
+all-greedy fast path the check is free: ``max`` returns the values with the argmax.
 """
 
 from __future__ import annotations
@@ -52,8 +58,12 @@ class Sampler(nn.Module):
         ):
             # Nothing changes the logits: the argmax of the model's own dtype is the
             # argmax of its float32 copy (the cast is exact), so skip the copy, which
-            # at 256 rows x 151,936 tokens costs more than the argmax itself.
-            return SamplerOutput(logits.argmax(dim=-1))
+            # at 256 rows x 151,936 tokens costs more than the argmax itself. max()
+            # is the argmax (first maximum, as argmax) with the values for the check.
+            top, sampled = logits.max(dim=-1)
+            return SamplerOutput(sampled, logits_finite=top.isfinite())
+        # One read of the raw logits; max() propagates NaN, so one value per row says it.
+        logits_finite = logits.amax(dim=-1).isfinite()
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             # vLLM's default "raw_logprobs": before any of the steps below.
@@ -66,7 +76,7 @@ class Sampler(nn.Module):
         if raw_logprobs is not None:
             assert metadata.max_num_logprobs is not None
             logprobs_tensors = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
-        return SamplerOutput(sampled, logprobs_tensors)
+        return SamplerOutput(sampled, logprobs_tensors, logits_finite)
 
     @staticmethod
     def apply_logits_processors(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:

@@ -10,13 +10,22 @@ the sampler, and a copy of the sampled ids into page-locked host memory. It retu
 once with this handle, so the engine can schedule and queue the next step while the GPU
 works. ``get_output`` is the one place the host waits for the device: it blocks on a
 CUDA event recorded after the copy, and only then turns the ids into Python ints.
+
+The copy also carries which rows failed: a row whose logits were not finite travels
+as token id -1 (the device-side ids the next step reads keep a valid token), so the
+check costs no second copy and no second wait.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minivllm.runner_outputs import AsyncModelRunnerOutput, LogprobsTensors, ModelRunnerOutput
+from minivllm.runner_outputs import (
+    NONFINITE_LOGITS_ERROR,
+    AsyncModelRunnerOutput,
+    LogprobsTensors,
+    ModelRunnerOutput,
+)
 
 
 class AsyncOutput(AsyncModelRunnerOutput):
@@ -27,6 +36,8 @@ class AsyncOutput(AsyncModelRunnerOutput):
             ``logprobs`` filled in (those are still on the device).
         sampled_token_ids: ``[num_sampling_reqs]`` int64 on the device.
         logprobs_tensors: The sampler's logprobs on the device, or None.
+        logits_finite: ``[num_sampling_reqs]`` bool on the device (False: that row's
+            request failed), or None.
     """
 
     def __init__(
@@ -34,6 +45,7 @@ class AsyncOutput(AsyncModelRunnerOutput):
         output: ModelRunnerOutput,
         sampled_token_ids: torch.Tensor | None,
         logprobs_tensors: LogprobsTensors | None = None,
+        logits_finite: torch.Tensor | None = None,
     ) -> None:
         self._output = output
         self._logprobs_tensors = logprobs_tensors
@@ -42,6 +54,8 @@ class AsyncOutput(AsyncModelRunnerOutput):
         self._sampled_cpu: torch.Tensor | None = None
         if sampled_token_ids is None:
             return
+        if logits_finite is not None:
+            sampled_token_ids = torch.where(logits_finite, sampled_token_ids, -1)
         # A device-to-host copy with non_blocking=True lands in pinned memory and does
         # not make the host wait; the event marks when it has really arrived.
         self._sampled_cpu = sampled_token_ids.to("cpu", non_blocking=True)
@@ -55,7 +69,13 @@ class AsyncOutput(AsyncModelRunnerOutput):
             if self._event is not None:
                 self._event.synchronize()
             assert self._sampled_cpu is not None
-            self._output.sampled_token_ids = self._sampled_cpu.tolist()
+            ids = self._sampled_cpu.tolist()
+            self._output.sampled_token_ids = ids
+            if -1 in ids:  # a C-level scan; a failed row is rare
+                req_ids = self._output.req_ids
+                for row, token in enumerate(ids):
+                    if token == -1:
+                        self._output.errors[req_ids[row]] = NONFINITE_LOGITS_ERROR
             if self._logprobs_tensors is not None:
                 self._output.logprobs = self._logprobs_tensors.tolists()
             self._ready = True

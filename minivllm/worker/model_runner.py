@@ -211,10 +211,20 @@ class ModelRunner:
         logits_indices = query_start_loc[1:][needs_sample].astype(np.int64) - 1
         fill_dst, fill_src = self._placeholder_sources(placeholders)
         input_ids, positions_d, slots, logits_idx, dst, src = copy_to_device(
-            [np.asarray(tokens, np.int64), positions, slot_mapping, logits_indices, fill_dst,
-             fill_src], np.int64, self.device)
+            [
+                np.asarray(tokens, np.int64),
+                positions,
+                slot_mapping,
+                logits_indices,
+                fill_dst,
+                fill_src,
+            ],
+            np.int64,
+            self.device,
+        )
         table, seq_lens_d, qsl = copy_to_device(
-            [block_table, seq_lens, query_start_loc], np.int32, self.device)
+            [block_table, seq_lens, query_start_loc], np.int32, self.device
+        )
         if placeholders:
             # Queued behind the previous step on the same stream: it reads the ids
             # after they are written, and the host never waits for them.
@@ -309,7 +319,9 @@ class ModelRunner:
         sampled = sampler_output.sampled_token_ids
         self._prev_sampled = sampled
         self._prev_rows = {rid: i for i, rid in enumerate(output.req_ids)}
-        self._prev_output = AsyncOutput(output, sampled, sampler_output.logprobs_tensors)
+        self._prev_output = AsyncOutput(
+            output, sampled, sampler_output.logprobs_tensors, sampler_output.logits_finite
+        )
         return self._prev_output
 
     def _read_in_flight_tokens(self) -> dict[str, int]:
@@ -322,4 +334,6 @@ class ModelRunner:
         """
         assert self._prev_output is not None
         sampled = self._prev_output.get_output().sampled_token_ids
-        return {rid: sampled[row] for rid, row in self._prev_rows.items()}
+        # A failed row reads -1, which must not index the vocabulary; that request's
+        # token of this step is dropped anyway (it finished with an error).
+        return {rid: max(sampled[row], 0) for rid, row in self._prev_rows.items()}
