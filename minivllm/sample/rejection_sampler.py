@@ -156,6 +156,27 @@ class RejectionSampler(nn.Module):
         return accepted, emitted
 
     @staticmethod
+    def last_tokens(
+        output: SamplerOutput,
+    ) -> tuple[torch.Tensor, torch.Tensor, LogprobsTensors | None]:
+        """Per request, on the device: the token after its accepted drafts, how many
+        drafts it accepted, and the logprobs of that one token.
+
+        With the drafts, which the scheduler already knows, this is the whole output:
+        the request gains ``drafts[:num_accepted]`` and then the token.
+        """
+        grid = output.sampled_token_ids
+        num_accepted = (grid != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
+        last = grid.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
+        logprobs = output.logprobs_tensors
+        if logprobs is not None:
+            rows = torch.arange(grid.shape[0], device=grid.device) * grid.shape[1] + num_accepted
+            logprobs = LogprobsTensors(
+                logprobs.token_ids[rows], logprobs.logprobs[rows], logprobs.ranks[rows]
+            )
+        return last, num_accepted, logprobs
+
+    @staticmethod
     def parse_output(
         output_token_ids: torch.Tensor, logprobs_tensors: LogprobsTensors | None = None
     ) -> tuple[list[list[int]], LogprobsLists | None]:

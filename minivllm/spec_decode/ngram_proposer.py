@@ -59,10 +59,11 @@ class NgramProposer:
         A request gets no drafts (an empty list) when nothing matches or when it has
         reached ``max_model_len``.
         """
-        return [self.propose_one(np.asarray(tokens)) for tokens in token_ids]
+        return [self.propose_one(tokens) for tokens in token_ids]
 
-    def propose_one(self, tokens: np.ndarray) -> list[int]:
-        """Drafts for one request's tokens."""
+    def propose_one(self, token_ids: Sequence[int] | np.ndarray) -> list[int]:
+        """Drafts for one request's tokens (prompt then output)."""
+        tokens = np.asarray(token_ids)
         k = min(self.k, self.max_model_len - len(tokens))
         if k <= 0:
             return []

@@ -312,3 +312,22 @@ def test_placeholder_fills_after_the_last_token() -> None:
         [0, PLACEHOLDER_TOKEN_ID, PLACEHOLDER_TOKEN_ID, PLACEHOLDER_TOKEN_ID],
         [4, 6, PLACEHOLDER_TOKEN_ID, PLACEHOLDER_TOKEN_ID],
     ]
+
+
+def test_last_tokens_split_the_grid_per_request() -> None:
+    drafts = [[1, 2, 3], [], [4, 5]]
+    # Request 0 accepts 1 and 2 then gets 6; request 1 decodes 3; request 2 accepts both.
+    argmax = [1, 2, 6, 0, 3, 4, 5, 7]
+    metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, CPU)
+    params = SamplingParams(temperature=0.0, logprobs=0)
+    requests = [Request(str(i), [0], params) for i in range(3)]
+    md = SamplingMetadata.from_requests(requests_at_sampled_rows(requests, drafts), CPU, {}, VOCAB)
+    logits = greedy_logits(argmax)
+    out = RejectionSampler(Sampler())(metadata, None, logits, md)
+    last, num_accepted, logprobs = RejectionSampler.last_tokens(out)
+    assert last.tolist() == [6, 3, 7] and num_accepted.tolist() == [2, 0, 2]
+    assert logprobs is not None
+    assert logprobs.token_ids[:, 0].tolist() == [6, 3, 7]
+    raw = logits.log_softmax(dim=-1)
+    expected = [raw[2, 6], raw[4, 3], raw[7, 7]]  # the rows that emitted them
+    torch.testing.assert_close(logprobs.logprobs[:, 0], torch.stack(expected))

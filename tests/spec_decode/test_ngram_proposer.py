@@ -62,6 +62,7 @@ def test_batch_keeps_request_order_and_accepts_arrays() -> None:
     proposer = NgramProposer(2, 1, 2, 100)
     batch = [[1, 2, 1], np.array([3, 4, 5]), [9, 9]]
     assert proposer.propose(batch) == [[2, 1], [], [9]]
+    assert proposer.propose_one((1, 2, 1)) == [2, 1]
 
 
 @pytest.mark.parametrize(
