@@ -15,10 +15,13 @@ let model = null;
 // ---- colours ---------------------------------------------------------------------------
 
 // One colour per request, the same in the batch, the queues and the KV grid.
+// FNV-1a, then a final mix: ids that differ in one character get unrelated hues.
 function colour(requestId) {
-  let h = 0;
-  for (const c of requestId) h = (h * 31 + c.charCodeAt(0)) >>> 0;
-  return `hsl(${(h * 137) % 360}, 62%, 52%)`;
+  let h = 2166136261;
+  for (const c of requestId) h = Math.imul(h ^ c.charCodeAt(0), 16777619) >>> 0;
+  h = Math.imul(h ^ (h >>> 15), 2246822507) >>> 0;
+  h = (h ^ (h >>> 13)) >>> 0;
+  return `hsl(${h % 360}, 62%, ${44 + ((h >>> 9) % 14)}%)`;
 }
 
 const shortId = (id) => (id.length > 14 ? "…" + id.slice(-12) : id);
