@@ -31,8 +31,11 @@ _UNIT = (
 MEASUREMENT_RE = re.compile(_RANGE + _UNIT)
 """``23,409 tok/s``, ``4.51 ms``, ``13-22 µs``, ``4.22 TB/s``, ``1.30x``, ``63 %``, ``5.7 s``."""
 
-GOAL_RE = re.compile(r"\btargets?\b|\bat (?:most|least)\b|[<>]=|≥|≤", re.IGNORECASE)
-"""A goal set before measuring ("the target was 60 %", "at most 2 ms") is not a result."""
+GOAL_RE = re.compile(
+    r"\btargets?\b|\bat (?:most|least)\b|[<>]=|≥|≤|\bdefault\b|\btimeout\b", re.IGNORECASE
+)
+"""A goal set before measuring ("the target was 60 %", "at most 2 ms") or a setting
+("0.25 s by default", "a timeout of 5 s") is not a result."""
 
 NOT_MEASURED: dict[str, dict[str, str]] = {
     # chapter -> {figure as written: why it is not a measurement}
@@ -141,6 +144,7 @@ def test_scan_finds_typed_figures_and_skips_code_and_goals() -> None:
             "Attention took 4.51 ms; tiny shapes take 13-22 µs at 4.22 TB/s.",
             'Measured: {{ fig("benchmarks/t.json", "a.b", ",.0f") }} tok/s and `--timeout 5 s`.',
             "The target was 60 % of the roofline; a step should take at most 2 ms.",
+            "One record per interval (0.25 s by default), a timeout of 30 s.",
             "```bash",
             "minivllm bench throughput  # 23,409 tok/s",
             "```",
@@ -159,7 +163,7 @@ def test_scan_finds_typed_figures_and_skips_code_and_goals() -> None:
         (3, "4.51 ms"),
         (3, "13-22 µs"),
         (3, "4.22 TB/s"),
-        (12, "6.14 ms"),
+        (13, "6.14 ms"),
     ]
 
 
