@@ -26,7 +26,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 import minivllm
@@ -34,13 +34,19 @@ from minivllm.engine.exceptions import EngineDeadError
 from minivllm.entrypoints.openai.live import attach_live_view
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
+    ModelList,
     TokenizeRequest,
+    TokenizeResponse,
 )
 from minivllm.entrypoints.openai.server_utils import (
     AuthenticationMiddleware,
+    documented,
     error_json,
     exception_handler,
     http_exception_handler,
@@ -70,7 +76,7 @@ def to_response(result: Any) -> Response:
     return JSONResponse(result.model_dump())
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=documented(CompletionResponse, stream=True))
 @with_cancellation
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
     """OpenAI's completions API."""
@@ -78,7 +84,7 @@ async def create_completion(request: CompletionRequest, raw_request: Request) ->
     return to_response(await serving.create_completion(request))
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=documented(ChatCompletionResponse, stream=True))
 @with_cancellation
 async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
     """OpenAI's chat completions API."""
@@ -86,28 +92,30 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
     return to_response(await serving.create_chat_completion(request))
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=documented(ModelList))
 async def show_available_models(raw_request: Request) -> Response:
     """The served model names."""
     models: OpenAIServingModels = raw_request.app.state.openai_serving_models
     return to_response(await models.show_available_models())
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", responses=documented(TokenizeResponse))
 async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
     """A prompt's (or a chat's) token ids, with the tokenizer the engine uses."""
     serving: OpenAIServingTokenization = raw_request.app.state.openai_serving_tokenization
     return to_response(await serving.create_tokenize(request))
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", responses=documented(DetokenizeResponse))
 async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Response:
     """The text of token ids."""
     serving: OpenAIServingTokenization = raw_request.app.state.openai_serving_tokenization
     return to_response(await serving.create_detokenize(request))
 
 
-@router.get("/health")
+@router.get(
+    "/health", response_class=Response, responses={503: {"description": "the engine core is dead"}}
+)
 async def health(raw_request: Request) -> Response:
     """200 while the engine core is alive, 503 once it is dead (no body, as upstream)."""
     try:
@@ -127,7 +135,7 @@ def _attach_metrics(app: FastAPI, registry: Any) -> None:
     """``GET /metrics``: the stat logger's Prometheus registry, in the text format."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 

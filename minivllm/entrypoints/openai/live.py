@@ -31,6 +31,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from minivllm.core.sched_output import SchedulerStats
+from minivllm.entrypoints.openai.server_utils import documented
 from minivllm.metrics.loggers import StatLoggerBase
 from minivllm.metrics.stats import IterationStats
 
@@ -214,7 +215,7 @@ async def live_static(name: str) -> Response:
     return FileResponse(files[name])
 
 
-@router.get("/v1/live")
+@router.get("/v1/live", responses=documented())
 async def live_state(raw_request: Request, watch: bool = True) -> Response:
     """The latest step record, rolling TTFT/ITL/tokens-per-second and the engine's
     counters. ``watch=false`` reads without turning recording on."""
@@ -222,7 +223,7 @@ async def live_state(raw_request: Request, watch: bool = True) -> Response:
     return JSONResponse(await hub.poll(watch))
 
 
-@router.get("/v1/live/stream")
+@router.get("/v1/live/stream", response_class=StreamingResponse, responses=documented(stream=True))
 async def live_stream(raw_request: Request) -> Response:
     """The same JSON as ``/v1/live`` as server-sent events, one per step record."""
     hub: LiveHub = raw_request.app.state.live

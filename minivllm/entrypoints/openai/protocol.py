@@ -7,9 +7,11 @@ Field names, defaults and JSON shapes are OpenAI's, plus vLLM's extra sampling f
 (``top_k``, ``min_p``, ``repetition_penalty``, ...), so the official ``openai`` client
 works unchanged and can send the extras through ``extra_body``.
 
-FastAPI validates a request body against these models: a value of the wrong type is a
-400 whose message names the field (see ``server_utils.validation_exception_handler``);
-values of the right type but out of range are ``SamplingParams``'s to refuse.
+FastAPI validates a request body against these models, strictly: a value of the wrong
+type is a 400 whose message names the field (see
+``server_utils.validation_exception_handler``), never coerced (``"5"`` is not 5, ``true``
+is not 1, ``2.0`` is not a count), and NaN or an infinity is refused. Values of the right
+type but out of range are ``SamplingParams``'s to refuse, so the rules live in one place.
 """
 
 from __future__ import annotations
@@ -17,9 +19,17 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
 
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -53,6 +63,34 @@ class OpenAIBaseModel(BaseModel):
         return data
 
 
+class OpenAIRequestModel(OpenAIBaseModel):
+    """Base of every request object: strict types, finite numbers.
+
+    Pydantic's default ("lax") mode would turn ``"5"`` into 5, ``true`` into 1 and
+    ``2.0`` into 2, so a client's mistake would silently become another request; strict
+    mode refuses them, as ``SamplingParams`` does. JSON has no NaN or infinity, but
+    Python's parser reads ``NaN`` and ``1e999``: refused too.
+    """
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+def _one_of(description: str):
+    """A validator that replaces the per-member errors of a union with one message.
+
+    A union's errors name each member it tried (``prompt.str``, ``prompt.list[int].0``
+    ...): many lines, none of them the rule. This says what the field may be instead.
+    """
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(f"must be {description}") from None
+
+    return WrapValidator(check)
+
+
 # ---- shared objects ------------------------------------------------------------------
 
 
@@ -79,7 +117,7 @@ class UsageInfo(OpenAIBaseModel):
     completion_tokens: int | None = 0
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(OpenAIRequestModel):
     """``stream_options``: ``include_usage`` adds a final chunk with the usage."""
 
     include_usage: bool | None = True
@@ -103,7 +141,7 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard] = Field(default_factory=list)
 
 
-class _SamplingRequest(OpenAIBaseModel):
+class _SamplingRequest(OpenAIRequestModel):
     """Fields the completions and chat requests share, with vLLM's extras."""
 
     model: str | None = None
@@ -111,7 +149,7 @@ class _SamplingRequest(OpenAIBaseModel):
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, _one_of("a string or a list of strings")] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
@@ -170,9 +208,17 @@ def get_max_tokens(requested: int | None, max_model_len: int, prompt_len: int) -
 class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions``: one prompt (text or token ids) or a list of them."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Annotated[
+        str | list[str] | list[int] | list[list[int]],
+        _one_of(
+            "a string, a list of strings, a list of token ids (integers) or a list of "
+            "lists of token ids"
+        ),
+    ]
     max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0)
+    # At most 20 alternatives, as chat's top_logprobs and upstream's default max_logprobs:
+    # the engine would return up to the whole vocabulary per token otherwise.
+    logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
 
     def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
@@ -235,11 +281,13 @@ class CompletionStreamResponse(OpenAIBaseModel):
 # ---- /v1/chat/completions ------------------------------------------------------------
 
 
-class ChatCompletionMessageParam(OpenAIBaseModel):
+class ChatCompletionMessageParam(OpenAIRequestModel):
     """One message of a conversation: a role and text (or a list of text parts)."""
 
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: Annotated[
+        str | list[dict[str, Any]] | None, _one_of("a string or a list of content parts")
+    ] = None
     name: str | None = None
 
 
@@ -348,7 +396,7 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
 # ---- /tokenize and /detokenize (vLLM's own routes) ----------------------------------
 
 
-class TokenizeCompletionRequest(OpenAIBaseModel):
+class TokenizeCompletionRequest(OpenAIRequestModel):
     """``POST /tokenize`` with a prompt."""
 
     model: str | None = None
@@ -356,7 +404,7 @@ class TokenizeCompletionRequest(OpenAIBaseModel):
     add_special_tokens: bool = True
 
 
-class TokenizeChatRequest(OpenAIBaseModel):
+class TokenizeChatRequest(OpenAIRequestModel):
     """``POST /tokenize`` with chat messages, rendered by the chat template first."""
 
     model: str | None = None
@@ -375,7 +423,7 @@ class TokenizeResponse(OpenAIBaseModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(OpenAIRequestModel):
     """``POST /detokenize``: token ids back to text."""
 
     model: str | None = None

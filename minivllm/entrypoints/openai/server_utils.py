@@ -33,6 +33,19 @@ logger = logging.getLogger(__name__)
 GUARDED_PREFIX = ("/v1",)
 
 
+def documented(ok: type | None = None, stream: bool = False) -> dict[int | str, Any]:
+    """What a route answers, for ``/openapi.json``: its 200 body (JSON, or server-sent
+    events), and an OpenAI error object for every 4xx and 500.
+
+    Declaring ``4XX`` also drops FastAPI's default 422 entry: this server answers a body
+    that does not fit the request model with a 400 error object (``validation_exception_handler``).
+    """
+    success: dict[str, Any] = {"model": ok} if ok is not None else {}
+    if stream:
+        success["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    return {200: success, "4XX": {"model": ErrorResponse}, 500: {"model": ErrorResponse}}
+
+
 def error_json(error: ErrorResponse) -> JSONResponse:
     """An ``ErrorResponse`` as a response with its own status."""
     return JSONResponse(error.model_dump(), status_code=error.error.code)
@@ -75,31 +88,67 @@ class AuthenticationMiddleware:
         await self.app(scope, receive, send)
 
 
+def _is_field_name(part: Any) -> bool:
+    """Whether a part of an error's ``loc`` names a request field, not a union member.
+
+    Pydantic names the member a union error came from (``TokenizeChatRequest``,
+    ``list[int]``, ``function-wrap[check()]``): request fields are snake_case words.
+    """
+    return isinstance(part, int) or (
+        isinstance(part, str) and part.isidentifier() and part == part.lower()
+    )
+
+
 def _field_path(loc: tuple[Any, ...]) -> str:
-    """``("body", "messages", 0, "role")`` -> ``messages[0].role``."""
+    """``("body", "messages", 0, "role")`` -> ``messages[0].role`` (``("query", "watch")``
+    -> ``watch``)."""
     path = ""
-    for part in loc[1:] if loc and loc[0] == "body" else loc:
+    for part in loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc:
+        if not _is_field_name(part):
+            continue
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path or "body"
+
+
+def _error_message(error: dict[str, Any]) -> str:
+    """One pydantic error as ``field: what is wrong``."""
+    if error["type"] == "json_invalid":
+        # loc is ("body", <character offset>): the body as a whole is the bad field.
+        return f"body: not valid JSON ({error.get('ctx', {}).get('error', error['msg'])})"
+    return f"{_field_path(tuple(error['loc']))}: {error['msg'].removeprefix('Value error, ')}"
 
 
 async def validation_exception_handler(
     request: Request, exc: RequestValidationError
 ) -> JSONResponse:
-    """A body that does not fit the protocol model: 400 naming each bad field."""
+    """A body that does not fit the protocol model: 400 naming each bad field.
+
+    Upstream answers the same 400 (FastAPI's default would be a 422 with its own
+    shape, which the ``openai`` client cannot read as an error object).
+    """
     errors = exc.errors()
-    messages = [f"{_field_path(tuple(e['loc']))}: {e['msg']}" for e in errors]
-    param = _field_path(tuple(errors[0]["loc"])) if errors else None
+    # dict.fromkeys: the members of a union may repeat one complaint; keep it once.
+    messages = list(dict.fromkeys(_error_message(e) for e in errors))
+    if errors and errors[0]["type"] != "json_invalid":
+        param = _field_path(tuple(errors[0]["loc"]))
+    else:
+        param = "body"
     error = create_error_response("; ".join(messages) or str(exc), param=param)
     return error_json(error)
 
 
 async def http_exception_handler(request: Request, exc: HTTPException) -> JSONResponse:
-    """Starlette's own errors (404 route, 405 method...) in OpenAI's shape."""
+    """Starlette's own errors (404 route, 405 method...) in OpenAI's shape.
+
+    A 400 here is FastAPI's: a body it could not read at all (not JSON, a form...), so
+    the bad field is the body.
+    """
+    body_error = exc.status_code == HTTPStatus.BAD_REQUEST
     error = ErrorResponse(
         error=ErrorInfo(
-            message=str(exc.detail),
+            message=f"body: {exc.detail}" if body_error else str(exc.detail),
             type=HTTPStatus(exc.status_code).phrase,
+            param="body" if body_error else None,
             code=exc.status_code,
         )
     )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
-from minivllm.entrypoints.chat_utils import render_chat_prompt
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
@@ -57,11 +56,7 @@ class OpenAIServingChat(OpenAIServing):
             return error
         request_id = f"chatcmpl-{random_uuid()}"
         try:
-            prompt = render_chat_prompt(
-                self.tokenizer,
-                request.messages,
-                add_generation_prompt=request.add_generation_prompt,
-            )
+            prompt = self._render_chat(request.messages, request.add_generation_prompt)
             self._validate_prompt_len(prompt["prompt_token_ids"], "messages")
             params = request.to_sampling_params(self.max_model_len, len(prompt["prompt_token_ids"]))
         except ValueError as exc:

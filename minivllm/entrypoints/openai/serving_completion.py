@@ -194,9 +194,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         "finish_reason": output.finish_reason,
                         "stop_reason": output.stop_reason,
                     }
-                    yield sse(
-                        stream_chunk_json(request_id, created, model, choice, include_usage)
-                    )
+                    yield sse(stream_chunk_json(request_id, created, model, choice, include_usage))
             if include_usage:
                 prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
                 usage = UsageInfo(

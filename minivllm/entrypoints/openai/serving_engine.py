@@ -14,6 +14,7 @@ from http import HTTPStatus
 from typing import Any
 
 from minivllm.engine.exceptions import EngineDeadError, EngineGenerateError
+from minivllm.entrypoints.chat_utils import render_chat_prompt
 from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
 
@@ -87,6 +88,7 @@ class OpenAIServing:
         self.engine_client = engine_client
         self.models = models
         self.max_model_len: int = engine_client.vllm_config.model_config.max_model_len
+        self.vocab_size: int = engine_client.vllm_config.model_config.hf_config.vocab_size
 
     @property
     def tokenizer(self) -> Any:
@@ -111,10 +113,34 @@ class OpenAIServing:
             return {"prompt": prompt, "prompt_token_ids": self.tokenizer.encode(prompt)}
         return {"prompt_token_ids": list(prompt)}
 
+    def _render_chat(self, messages: list[Any], add_generation_prompt: bool) -> dict[str, Any]:
+        """The chat rendered by the model's template into one prompt; any refusal (a part
+        that is not text, a template that raised) is a 400 naming ``messages``."""
+        try:
+            return render_chat_prompt(
+                self.tokenizer, messages, add_generation_prompt=add_generation_prompt
+            )
+        except VLLMValidationError:
+            raise
+        except ValueError as exc:
+            raise VLLMValidationError(str(exc), "messages") from exc
+
+    def _validate_token_ids(self, token_ids: list[int], field: str) -> None:
+        """400 naming the first id outside the vocabulary (the engine would refuse it
+        too, but its message names a request id, not the field)."""
+        for i, token_id in enumerate(token_ids):
+            if not 0 <= token_id < self.vocab_size:
+                raise VLLMValidationError(
+                    f"{field}[{i}] = {token_id} is outside the vocabulary [0, {self.vocab_size})",
+                    field,
+                )
+
     def _validate_prompt_len(self, token_ids: list[int], field: str) -> None:
-        """400 for an empty prompt or one that leaves no room to generate."""
+        """400 for an empty prompt, an id outside the vocabulary, or a prompt that
+        leaves no room to generate."""
         if not token_ids:
             raise VLLMValidationError(f"'{field}' is empty", field)
+        self._validate_token_ids(token_ids, field)
         if len(token_ids) >= self.max_model_len:
             raise VLLMValidationError(
                 f"'{field}' has {len(token_ids)} tokens, but this model's maximum context "

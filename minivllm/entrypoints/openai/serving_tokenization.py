@@ -8,7 +8,6 @@ a chat template produced, with the same tokenizer the engine uses.
 
 from __future__ import annotations
 
-from minivllm.entrypoints.chat_utils import render_chat_prompt
 from minivllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -31,11 +30,7 @@ class OpenAIServingTokenization(OpenAIServing):
             if self.tokenizer is None:
                 raise VLLMValidationError("this model has no tokenizer")
             if isinstance(request, TokenizeChatRequest):
-                prompt = render_chat_prompt(
-                    self.tokenizer,
-                    request.messages,
-                    add_generation_prompt=request.add_generation_prompt,
-                )
+                prompt = self._render_chat(request.messages, request.add_generation_prompt)
                 tokens = prompt["prompt_token_ids"]
             else:
                 tokens = self.tokenizer.encode(
@@ -51,13 +46,10 @@ class OpenAIServingTokenization(OpenAIServing):
         """The text of token ids; an id outside the vocabulary is a 400 naming it."""
         if (error := await self._check_model(request.model)) is not None:
             return error
-        vocab_size = self.engine_client.vllm_config.model_config.hf_config.vocab_size
-        for i, token_id in enumerate(request.tokens):
-            if not 0 <= token_id < vocab_size:
-                return self.create_error_response(
-                    f"tokens[{i}] = {token_id} is outside the vocabulary [0, {vocab_size})",
-                    param="tokens",
-                )
-        if self.tokenizer is None:
-            return self.create_error_response("this model has no tokenizer")
+        try:
+            self._validate_token_ids(request.tokens, "tokens")
+            if self.tokenizer is None:
+                raise VLLMValidationError("this model has no tokenizer", "tokens")
+        except ValueError as exc:
+            return self.create_error_response(exc)
         return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))

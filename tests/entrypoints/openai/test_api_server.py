@@ -251,7 +251,7 @@ def test_errors_then_still_serving(server, client, body, status, param, words) -
         ({"messages": [{"role": "user", "content": "x " * 400}]}, "messages", "maximum context"),
         ({"messages": [{"content": "no role"}]}, "messages[0].role", "Field required"),
         ({"messages": CHAT, "top_logprobs": 2}, "body", "top_logprobs needs logprobs"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, "text"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", "text"),
     ],
     ids=["too-long", "no-role", "top-logprobs-alone", "image-part"],
 )

@@ -6,11 +6,13 @@ import pytest
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.testclient import TestClient
+from starlette.exceptions import HTTPException
 
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from minivllm.entrypoints.openai.server_utils import (
     AuthenticationMiddleware,
+    http_exception_handler,
     validation_exception_handler,
 )
 from minivllm.entrypoints.openai.serving_engine import (
@@ -37,6 +39,7 @@ def client() -> TestClient:
         return {}
 
     app.add_exception_handler(RequestValidationError, validation_exception_handler)
+    app.add_exception_handler(HTTPException, http_exception_handler)
     app.add_middleware(AuthenticationMiddleware, tokens=["sk-good"])
     return TestClient(app)
 
@@ -58,6 +61,63 @@ def test_nested_field_path(client: TestClient) -> None:
     r = client.post("/v1/chat/completions", json=body, headers=AUTH)
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "messages[1].role"
+
+
+# What the schema fuzzer (test_fuzz.py) found accepted by coercion, or refused with a
+# message that named no field; each must be a 400 naming the field.
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"prompt": "p", "max_tokens": "5"}, "max_tokens", "valid integer"),
+        ({"prompt": "p", "n": True}, "n", "valid integer"),
+        ({"prompt": "p", "n": 2.0}, "n", "valid integer"),
+        ({"prompt": "p", "seed": 1.5}, "seed", "valid integer"),
+        ({"prompt": "p", "temperature": "0.5"}, "temperature", "valid number"),
+        ({"prompt": "p", "stream": 1}, "stream", "valid boolean"),
+        (
+            {"prompt": "p", "stream_options": {"include_usage": 1}},
+            "stream_options.include_usage",
+            "bool",
+        ),
+        ({"prompt": [5.7, 6]}, "prompt", "a list of token ids"),
+        ({"prompt": ["a", 6]}, "prompt", "a list of strings"),
+        ({"prompt": [[1], [[2]]]}, "prompt", "lists of token ids"),
+        ({"prompt": None}, "prompt", "must be a string"),
+        ({"prompt": "p", "stop": [5]}, "stop", "list of strings"),
+        ({"prompt": "p", "stop_token_ids": 5}, "stop_token_ids", "valid list"),
+        ({"prompt": "p", "stop_token_ids": [True]}, "stop_token_ids[0]", "valid integer"),
+    ],
+)
+def test_no_silent_coercion(client: TestClient, body: dict, param: str, words: str) -> None:
+    r = client.post("/v1/completions", json=body, headers=AUTH)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param.split("[")[0])
+    assert words in error["message"]
+    assert "list[int]" not in error["message"]  # no union-member names in the message
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_nan_and_inf_are_refused(client: TestClient, value: str) -> None:
+    # Not JSON, but Python's parser (and so FastAPI) reads them.
+    body = '{"prompt": "p", "temperature": ' + value + "}"
+    headers = {**AUTH, "Content-Type": "application/json"}
+    r = client.post("/v1/completions", content=body, headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+    assert "finite" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type"),
+    [('{"prompt": ', "application/json"), ("prompt=p", "application/x-www-form-urlencoded")],
+    ids=["truncated-json", "form"],
+)
+def test_unreadable_body_names_the_body(client: TestClient, content: str, content_type: str):
+    headers = {**AUTH, "Content-Type": content_type}
+    r = client.post("/v1/completions", content=content, headers=headers)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "body" and error["message"].startswith("body")
 
 
 @pytest.mark.parametrize(

@@ -39,11 +39,17 @@ def test_stream_chunk_json_is_the_pydantic_models_json(
     text, logprobs, finish_reason, stop_reason, include_usage
 ) -> None:
     fields = dict(
-        index=3, text=text, logprobs=logprobs, finish_reason=finish_reason,
+        index=3,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=finish_reason,
         stop_reason=stop_reason,
     )
     model = CompletionStreamResponse(
-        id="cmpl-x-0", object="text_completion", created=1700000000, model="demo",
+        id="cmpl-x-0",
+        object="text_completion",
+        created=1700000000,
+        model="demo",
         choices=[CompletionResponseStreamChoice(**fields)],
     )
     if include_usage:
