@@ -12,22 +12,25 @@ nobody watches pays one ``is None`` test per step. It holds plain ids and number
 pickle) and describes the step *as scheduled*: the batch, the queues after admission,
 and the KV pool once this step's blocks were allocated.
 
-The pool may hold 100k+ blocks, so it is encoded as one small int per block
-(``kv_codes``) plus an owner table (``kv_owners``)::
+The pool may hold 100k+ blocks and the core must not slow down for a viewer, so a
+record never walks the pool block by block. It carries what the core already keeps:
+the running requests' block tables (``kv_tables``, copied: a C-level list copy each),
+the free blocks that still hold a cached prefix (``kv_cached_free``: one pass over the
+prefix-cache index) and the blocks held by more than one request (``kv_shared``: only
+prefix-cache hits can be shared, so only those are looked at). The per-block picture is
+the reader's to draw: :meth:`StepRecord.grid` (and the page's script) turn the three
+into one code per block::
 
     code 0       free, holds no cached prefix
     code 1       free but cached: a later request with the same prefix can take it back
-    code 2 + i   held; kv_owners[i] is the first running request whose table holds it
-
-Blocks held by more than one request (shared prefix blocks) are listed in
-``kv_shared``. Building a record touches each held block once and each cached block
-once; never the whole pool block by block.
+    code 2 + i   held; the i-th request of kv_tables is the first whose table holds it
 """
 
 from __future__ import annotations
 
 import math
 import time
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -39,7 +42,11 @@ if TYPE_CHECKING:
     from minivllm.core.sched_output import ScheduledRequest
     from minivllm.core.scheduler import Scheduler
 
-# kv_codes values (see the module docstring).
+# A sampled recorder spends at most 1/COST_CAP of the core's time building records: a
+# record that took 5 ms is followed by none for at least 0.5 s, whatever the interval.
+COST_CAP = 100
+
+# Codes of StepRecord.grid (see the module docstring).
 FREE = 0
 CACHED_FREE = 1
 FIRST_OWNER = 2
@@ -89,9 +96,10 @@ class StepRecord(msgspec.Struct, gc=False):
             misses none).
         finished: Requests finished since the previous record.
         block_size: Tokens per KV block.
-        kv_owners: The requests holding blocks: index ``i`` is code ``2 + i``.
-        kv_codes: One code per block, block id order (see the module docstring).
-        kv_shared: Ids of blocks held by more than one request.
+        kv_tables: Running request id -> its block ids in token order (requests holding
+            blocks, in running order).
+        kv_cached_free: Free blocks that still hold a cached prefix (in no order).
+        kv_shared: Ids of blocks held by more than one request, ascending.
         num_blocks: Blocks in the pool.
         num_used_blocks: Blocks held by at least one request.
         num_free_blocks: Blocks nobody holds (cached or not).
@@ -111,8 +119,8 @@ class StepRecord(msgspec.Struct, gc=False):
     preempted: list[str]
     finished: list[str]
     block_size: int
-    kv_owners: list[str]
-    kv_codes: list[int]
+    kv_tables: dict[str, list[int]]
+    kv_cached_free: list[int]
     kv_shared: list[int]
     num_blocks: int
     num_used_blocks: int
@@ -121,11 +129,16 @@ class StepRecord(msgspec.Struct, gc=False):
     num_cached_free_blocks: int
     num_prefix_hit_blocks: int
 
-    def blocks_of(self, request_id: str) -> list[int]:
-        """Ids of the blocks coded as owned by ``request_id`` (shared ones count for
-        their first holder only; see ``ScheduledEntry.num_blocks`` for whole tables)."""
-        code = FIRST_OWNER + self.kv_owners.index(request_id)
-        return [i for i, c in enumerate(self.kv_codes) if c == code]
+    def grid(self) -> list[int]:
+        """One code per block, in block id order (see the module docstring)."""
+        codes = [FREE] * self.num_blocks
+        for block_id in self.kv_cached_free:
+            codes[block_id] = CACHED_FREE
+        for i, table in enumerate(reversed(self.kv_tables.values())):
+            code = FIRST_OWNER + len(self.kv_tables) - 1 - i  # the first holder wins
+            for block_id in table:
+                codes[block_id] = code
+        return codes
 
 
 def make_step_record(
@@ -149,26 +162,20 @@ def make_step_record(
     """
     kv = kv_cache_manager
     pool = kv.block_pool
-    codes = [FREE] * kv.num_blocks
-    # Cached blocks first; held ones are overwritten with their owner's code below.
-    cached = pool.cached_block_hash_to_block
-    for block in cached.values():
-        codes[block.block_id] = CACHED_FREE
-    owners: list[str] = []
-    shared: list[int] = []
+    tables: dict[str, list[int]] = {}
+    shared: set[int] = set()
     for request in scheduler.running:
         table = kv.get_block_ids(request.request_id)
         if not table:
             continue
-        code = FIRST_OWNER + len(owners)
-        owners.append(request.request_id)
-        for block_id in table:
-            if codes[block_id] < FIRST_OWNER:
-                codes[block_id] = code
-            elif codes[block_id] != code:
-                shared.append(block_id)
+        tables[request.request_id] = list(table)  # a copy: the manager's list grows
+        # Only prefix-cache hits, the first blocks of a table, can be held twice.
+        num_hits = request.num_cached_tokens // kv.block_size
+        blocks = kv.req_to_blocks[request.request_id]
+        shared.update(b.block_id for b in islice(blocks, num_hits) if b.ref_cnt > 1)
+    cached = pool.cached_block_hash_to_block
+    cached_free = [b.block_id for b in cached.values() if b.ref_cnt == 0]
     num_free = pool.get_num_free_blocks()
-    num_cached_free = sum(1 for block in cached.values() if block.ref_cnt == 0)
     return StepRecord(
         step=scheduler.num_steps,
         timestamp=time.time(),
@@ -180,14 +187,14 @@ def make_step_record(
         preempted=sorted(scheduler_output.preempted_req_ids if preempted is None else preempted),
         finished=sorted(scheduler_output.finished_req_ids if finished is None else finished),
         block_size=kv.block_size,
-        kv_owners=owners,
-        kv_codes=codes,
-        kv_shared=sorted(set(shared)),
+        kv_tables=tables,
+        kv_cached_free=cached_free,
+        kv_shared=sorted(shared),
         num_blocks=kv.num_blocks,
         num_used_blocks=kv.num_blocks - num_free,
         num_free_blocks=num_free,
         num_cached_blocks=len(cached),
-        num_cached_free_blocks=num_cached_free,
+        num_cached_free_blocks=len(cached_free),
         num_prefix_hit_blocks=sum(
             s.request.num_cached_tokens // kv.block_size
             for s in scheduler_output.scheduled
@@ -204,7 +211,9 @@ class StepRecorder:
 
     Args:
         scheduler: The scheduler whose steps are recorded.
-        interval_s: At most one record per ``interval_s`` seconds (0: every step).
+        interval_s: At most one record per ``interval_s`` seconds, and no more often
+            than keeps their cost under 1 % (``COST_CAP``); 0: every step, whatever it
+            costs (notebooks, tests).
 
     Raises:
         ValueError: ``interval_s`` is negative or not finite.
@@ -231,8 +240,11 @@ class StepRecorder:
         now = time.monotonic()
         if now < self._next_time or scheduler_output.is_empty:
             return None
-        self._next_time = now + self.interval_s
-        return self._make(scheduler_output)
+        record = self._make(scheduler_output)
+        if self.interval_s:
+            cost = time.monotonic() - now
+            self._next_time = now + max(self.interval_s, COST_CAP * cost)
+        return record
 
     def idle_record(self) -> StepRecord:
         """A record of the queues and the pool now, with no batch: for a viewer that just

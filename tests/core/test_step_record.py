@@ -52,28 +52,29 @@ def check_record(record: StepRecord, output: SchedulerOutput, sched: Scheduler) 
     # The queues, in order.
     assert record.running == [r.request_id for r in sched.running]
     assert record.waiting == [r.request_id for r in sched.waiting]
+    # Blocks per request equal the manager's block tables (copies, in running order).
+    held = {r.request_id: kv.get_block_ids(r.request_id) for r in sched.running}
+    assert record.kv_tables == {rid: ids for rid, ids in held.items() if ids}
+    assert all(record.kv_tables[rid] is not kv.get_block_ids(rid) for rid in record.kv_tables)
     # Each block's code agrees with its ref count and its prefix-cache entry.
-    assert len(record.kv_codes) == record.num_blocks == kv.num_blocks
+    grid = record.grid()
+    assert len(grid) == record.num_blocks == kv.num_blocks
+    owners = list(record.kv_tables)
     for block in pool.blocks:
-        code = record.kv_codes[block.block_id]
+        code = grid[block.block_id]
         if block.ref_cnt:
-            assert code >= FIRST_OWNER
+            holders = [rid for rid, ids in record.kv_tables.items() if block.block_id in ids]
+            assert len(holders) == block.ref_cnt
+            assert code == FIRST_OWNER + owners.index(holders[0])
         else:
             assert code == (CACHED_FREE if block.block_hash is not None else FREE)
     assert record.kv_shared == sorted(b.block_id for b in pool.blocks if b.ref_cnt > 1)
-    # Blocks per request equal its block table: owned, or shared with an earlier owner.
-    held = {rid: ids for rid, ids in kv.req_to_block_ids.items() if ids}
-    assert set(record.kv_owners) == set(held)
-    for rid, table in held.items():
-        own = set(record.blocks_of(rid))
-        assert own <= set(table)
-        assert set(table) - own <= set(record.kv_shared)
     # Totals equal the pool's counts.
-    num_held = sum(c >= FIRST_OWNER for c in record.kv_codes)
+    num_held = sum(c >= FIRST_OWNER for c in grid)
     assert record.num_used_blocks == num_held == kv.num_blocks - kv.num_free_blocks
     assert record.num_free_blocks == kv.num_free_blocks
     assert record.num_cached_blocks == len(pool.cached_block_hash_to_block)
-    assert record.num_cached_free_blocks == record.kv_codes.count(CACHED_FREE)
+    assert record.num_cached_free_blocks == grid.count(CACHED_FREE)
     hits = sum(s.num_cached_tokens // BLOCK_SIZE for s in record.scheduled if s.is_new)
     assert record.num_prefix_hit_blocks == hits
 
@@ -148,6 +149,21 @@ def test_a_sampled_recorder_still_reports_every_preemption_and_finish() -> None:
     assert sorted(rid for r in records for rid in r.finished) == sorted(map(str, range(10)))
 
 
+def test_a_costly_record_stretches_the_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    from minivllm.core import step_record
+
+    sched = make_scheduler(0)
+    clock = iter([100.0, 100.5, 100.6, 149.0, 151.0, 151.1])  # the first took 0.5 s
+    monkeypatch.setattr(step_record.time, "monotonic", lambda: next(clock))
+    recorder = StepRecorder(sched, interval_s=0.25)
+    output = sched.schedule()
+    assert recorder.on_schedule(output) is not None  # built from 100.0 to 100.5
+    # The next one no sooner than 100 x 0.5 s later, not 0.25 s.
+    assert recorder.on_schedule(output) is None  # at 100.6
+    assert recorder.on_schedule(output) is None  # at 149.0
+    assert recorder.on_schedule(output) is not None  # at 151.0
+
+
 def test_recorder_rejects_bad_intervals() -> None:
     sched = make_scheduler(0)
     for bad in (-1.0, float("nan"), float("inf")):
@@ -170,11 +186,12 @@ def test_records_cross_the_wire_and_stay_compact() -> None:
     record = make_step_record(output, sched, kv)
     check_record(record, output, sched)
     wire = encode(EngineCoreOutputs(step_records=[record]))
-    # About one byte per block: the grid dominates, and free blocks are one byte each.
-    assert len(wire) < 1.1 * num_blocks
+    # The size follows the blocks in use, not the pool: ten blocks held, nothing cached.
+    assert len(wire) < 1000
     assert decode_outputs(wire).step_records == [record]
     as_json = msgspec.json.decode(msgspec.json.encode(record))
-    assert as_json["kv_owners"] == ["a"] and as_json["kv_codes"][:10] == [FIRST_OWNER] * 10
+    assert as_json["kv_tables"] == {"a": list(range(10))} and as_json["kv_cached_free"] == []
+    assert record.grid()[:11] == [FIRST_OWNER] * 10 + [FREE]
 
 
 # --------------------------------------------------------------------------- engine

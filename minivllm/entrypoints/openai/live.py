@@ -18,7 +18,6 @@ each open stream holds recording on, and so does a poll of ``/v1/live`` for
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from collections import deque
@@ -127,16 +126,18 @@ class LiveHub:
         self._lease_task: asyncio.Task | None = None
 
     def state(self, record: Any) -> dict[str, Any]:
-        """The JSON object of ``/v1/live`` and of each stream event."""
+        """The object of ``/v1/live`` and of each stream event (the record and the stats
+        as structs: ``msgspec.json`` encodes them in C, several times faster than
+        ``json`` on a pool of 100k blocks, and the event loop serves every stream)."""
         stats = self.engine.scheduler_stats
         return {
             "model": self.engine.model_name,
             "playground": self.playground,
             "recording": self.engine.step_records_on,
             "viewers": self.num_streams + (self._lease_task is not None),
-            "record": None if record is None else msgspec.to_builtins(record),
+            "record": record,
             "metrics": self.stats.snapshot(),
-            "stats": None if stats is None else msgspec.to_builtins(stats),
+            "stats": stats,
         }
 
     async def poll(self, watch: bool) -> dict[str, Any]:
@@ -165,7 +166,7 @@ class LiveHub:
             self._lease_task = None
             self.engine.release_step_records()
 
-    async def stream(self) -> AsyncGenerator[str, None]:
+    async def stream(self) -> AsyncGenerator[bytes, None]:
         """``/v1/live/stream``: one server-sent event per record, metrics alone when the
         engine is idle; recording stays on until the client goes away."""
         queue: asyncio.Queue = asyncio.Queue(maxsize=2)
@@ -183,7 +184,7 @@ class LiveHub:
                 first = False
                 if pump.done():  # the engine failed: end the stream
                     return
-                yield f"data: {json.dumps(self.state(record))}\n\n"
+                yield b"data: " + msgspec.json.encode(self.state(record)) + b"\n\n"
         finally:
             self.num_streams -= 1
             pump.cancel()
@@ -220,7 +221,7 @@ async def live_state(raw_request: Request, watch: bool = True) -> Response:
     """The latest step record, rolling TTFT/ITL/tokens-per-second and the engine's
     counters. ``watch=false`` reads without turning recording on."""
     hub: LiveHub = raw_request.app.state.live
-    return JSONResponse(await hub.poll(watch))
+    return Response(msgspec.json.encode(await hub.poll(watch)), media_type="application/json")
 
 
 @router.get("/v1/live/stream", response_class=StreamingResponse, responses=documented(stream=True))

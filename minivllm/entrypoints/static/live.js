@@ -157,8 +157,19 @@ function renderEvents(r) {
 
 // ---- the KV pool -----------------------------------------------------------------------
 
-// kv_codes: 0 free, 1 free but cached, 2 + i held by kv_owners[i]; kv_shared: ids held by
-// more than one request. Cells shrink to fit any pool into about 320 px of height.
+// The grid, as StepRecord.grid builds it: 0 free, 1 free but cached, 2 + i held, the i-th
+// request of kv_tables being the first whose table holds the block. Cells shrink to fit
+// any pool into about 320 px of height.
+function gridCodes(r) {
+  const codes = new Uint16Array(r.num_blocks);
+  for (const id of r.kv_cached_free) codes[id] = 1;
+  const tables = Object.values(r.kv_tables);
+  for (let i = tables.length - 1; i >= 0; i--) {  // the first holder wins
+    for (const id of tables[i]) codes[id] = 2 + i;
+  }
+  return codes;
+}
+
 function renderGrid(r) {
   const canvas = $("kv-grid");
   const scale = window.devicePixelRatio || 1;
@@ -171,10 +182,11 @@ function renderGrid(r) {
   const ctx = canvas.getContext("2d");
   const css = getComputedStyle(document.documentElement);
   const fills = [css.getPropertyValue("--free"), css.getPropertyValue("--cached"),
-    ...r.kv_owners.map(colour)];
+    ...Object.keys(r.kv_tables).map(colour)];
+  const codes = gridCodes(r);
   const gap = cell >= 5 ? 1 : 0;
   for (let i = 0; i < n; i++) {
-    ctx.fillStyle = fills[r.kv_codes[i]];
+    ctx.fillStyle = fills[codes[i]];
     ctx.fillRect((i % cols) * cell, Math.floor(i / cols) * cell, cell - gap, cell - gap);
   }
   ctx.strokeStyle = "#111";

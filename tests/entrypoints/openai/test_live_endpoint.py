@@ -57,13 +57,16 @@ def complete(server: RemoteOpenAIServer, prompts: list[str], max_tokens: int) ->
 
 def check_record(record: dict) -> None:
     """What a record says about the pool adds up, and agrees with the engine's rules."""
-    codes, n = record["kv_codes"], record["num_blocks"]
-    assert len(codes) == n == ENGINE_ARGS["num_kv_blocks"]
-    held = sum(c >= 2 for c in codes)
-    assert held == record["num_used_blocks"] == n - record["num_free_blocks"]
-    assert codes.count(1) == record["num_cached_free_blocks"] <= record["num_cached_blocks"]
-    assert set(record["kv_owners"]) <= set(record["running"])
-    assert all(codes[b] >= 2 for b in record["kv_shared"])
+    n, tables = record["num_blocks"], record["kv_tables"]
+    assert n == ENGINE_ARGS["num_kv_blocks"]
+    assert list(tables) == [rid for rid in record["running"] if rid in tables]
+    held = [b for table in tables.values() for b in table]
+    assert len(set(held)) == record["num_used_blocks"] == n - record["num_free_blocks"]
+    shared = sorted(b for b in set(held) if held.count(b) > 1)
+    assert record["kv_shared"] == shared
+    cached_free = record["kv_cached_free"]
+    assert len(cached_free) == record["num_cached_free_blocks"] <= record["num_cached_blocks"]
+    assert not set(cached_free) & set(held)
     assert record["num_scheduled_tokens"] <= record["token_budget"]
     assert record["num_scheduled_tokens"] == sum(
         s["num_prefill_tokens"] + s["num_decode_tokens"] for s in record["scheduled"]
@@ -72,11 +75,7 @@ def check_record(record: dict) -> None:
     for s in record["scheduled"]:
         # A request holds exactly the blocks its computed plus scheduled tokens need.
         tokens = s["num_computed_tokens"] + s["num_prefill_tokens"] + s["num_decode_tokens"]
-        assert s["num_blocks"] == -(-tokens // bs), s
-        own = codes.count(2 + record["kv_owners"].index(s["request_id"]))
-        assert own <= s["num_blocks"]
-        if not record["kv_shared"]:
-            assert own == s["num_blocks"]
+        assert s["num_blocks"] == len(tables[s["request_id"]]) == -(-tokens // bs), s
 
 
 def test_page_and_static_files(server: RemoteOpenAIServer) -> None:
