@@ -40,8 +40,9 @@ COLORS = {
 }
 
 
-def kind_of(name: str) -> str:
-    """Which group a kernel name belongs to."""
+def kind_of(name: str, calls_per_step: float = NUM_LAYERS) -> str:
+    """Which group a kernel belongs to (by name, and for torch's own kernels by how often
+    it runs: at least once per decoder layer for the layers' elementwise chains)."""
     if "nvjet" in name or "cublas" in name or "gemm" in name.lower():
         return "GEMM"
     if name in ("kernel_unified_attention", "reduce_segments_kernel", "reshape_and_cache_kernel"):
@@ -50,8 +51,8 @@ def kind_of(name: str) -> str:
         return "other"
     if name in ("rms_norm_kernel", "rotary_embedding_kernel", "silu_and_mul_kernel"):
         return "norm, RoPE, SiLU layers"
-    if "at::native" in name:  # the elementwise/reduce/copy kernels of the torch-op layers
-        return "norm, RoPE, SiLU layers"
+    if "at::native" in name and calls_per_step >= NUM_LAYERS:
+        return "norm, RoPE, SiLU layers"  # the torch-op layers' elementwise/copy kernels
     return "other"
 
 
@@ -71,8 +72,9 @@ def by_kind(path: Path) -> dict[str, tuple[float, float]]:
     steps, rows = kernels(path)
     out = {k: [0.0, 0.0] for k in KINDS}
     for r in rows:
-        out[kind_of(r["name"])][0] += r["device_time_total_us"] / 1e3 / steps
-        out[kind_of(r["name"])][1] += r["calls"] / steps
+        kind = kind_of(r["name"], r["calls"] / steps)
+        out[kind][0] += r["device_time_total_us"] / 1e3 / steps
+        out[kind][1] += r["calls"] / steps
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
