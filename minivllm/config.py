@@ -1,15 +1,17 @@
 """Resolved engine configuration.
 
 Upstream counterpart: ``vllm/config/`` (``ModelConfig``, ``CacheConfig``,
-``SchedulerConfig``, ``ParallelConfig``, and ``VllmConfig`` which holds them all).
+``SchedulerConfig``, ``ParallelConfig``, ``SpeculativeConfig``, and ``VllmConfig`` which
+holds them all).
 ``EngineArgs`` (``engine/arg_utils.py``) validates user input and produces these; every
 field here is final and checked.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 import torch
 
@@ -125,6 +127,69 @@ class ParallelConfig:
 
 
 @dataclass
+class SpeculativeConfig:
+    """Speculative decoding: who drafts, and how many tokens per step.
+
+    Upstream counterpart: ``vllm/config/speculative.py`` (``SpeculativeConfig``), with
+    its names. minivllm builds the n-gram (prompt lookup) proposer only.
+
+    Attributes:
+        method: ``"ngram"``.
+        num_speculative_tokens: ``k``, the most drafts per request and step.
+        prompt_lookup_min: Shortest suffix n-gram matched (upstream's default: equal to
+            ``prompt_lookup_max``, or 5 when neither is given).
+        prompt_lookup_max: Longest suffix n-gram matched.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 0
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    METHODS: ClassVar[tuple[str, ...]] = ("ngram",)
+
+    def __post_init__(self) -> None:
+        """Check every field and fill in upstream's prompt-lookup defaults."""
+        if self.method not in self.METHODS:
+            raise ValueError(
+                f"speculative_config: method must be one of {list(self.METHODS)}, got "
+                f"{self.method!r} (minivllm builds the n-gram proposer only)"
+            )
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(
+                    f"speculative_config: {name} must be a positive integer, got {value!r}"
+                )
+        if self.prompt_lookup_min is None and self.prompt_lookup_max is None:
+            self.prompt_lookup_min = self.prompt_lookup_max = 5
+        elif self.prompt_lookup_min is None:
+            self.prompt_lookup_min = self.prompt_lookup_max
+        elif self.prompt_lookup_max is None:
+            self.prompt_lookup_max = self.prompt_lookup_min
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"speculative_config: prompt_lookup_min={self.prompt_lookup_min} must be <= "
+                f"prompt_lookup_max={self.prompt_lookup_max}"
+            )
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SpeculativeConfig:
+        """Build from ``LLM(speculative_config={...})``, naming any unknown key."""
+        if not isinstance(values, Mapping):
+            raise ValueError(f"speculative_config must be a dict, got {type(values).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}"
+            )
+        if "num_speculative_tokens" not in values:
+            raise ValueError("speculative_config: num_speculative_tokens is required")
+        return cls(**values)
+
+
+@dataclass
 class VllmConfig:
     """Every resolved setting of one engine instance."""
 
@@ -136,3 +201,4 @@ class VllmConfig:
     attention_backend: str = "auto"
     seed: int = 0
     enforce_eager: bool = True
+    speculative_config: SpeculativeConfig | None = None

@@ -103,6 +103,9 @@ class Request:
         # runner fills in on the device (vLLM: ``num_output_placeholders``).
         self.num_output_placeholders = 0
         self.num_preemptions = 0
+        # Draft tokens proposed for the next step (speculative decoding): scheduled after
+        # the request's tokens, never part of them until the rejection sampler accepts.
+        self.spec_token_ids: list[int] = []
 
         self.block_hashes: list[BlockHash] = []
         self._block_hasher = block_hasher
@@ -122,6 +125,11 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus output length: the target ``num_computed_tokens`` chases."""
         return len(self._all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """``num_tokens`` plus the drafts waiting to be verified."""
+        return len(self._all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

@@ -119,6 +119,9 @@ class ModelRunnerOutput:
         errors: request id -> why its row failed (e.g. ``NONFINITE_LOGITS_ERROR``); its
             entry in ``sampled_token_ids`` is meaningless. The scheduler finishes such
             a request with an error; the other rows are unaffected.
+        num_accepted_tokens: With speculative decoding, how many of its drafts each
+            request accepted; its ``sampled_token_ids`` entry is the token after them
+            (the target's correction, or the bonus token). None without drafts.
     """
 
     req_ids: list[str]
@@ -126,6 +129,7 @@ class ModelRunnerOutput:
     logprobs: LogprobsLists | None = None
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    num_accepted_tokens: list[int] | None = None
 
 
 class AsyncModelRunnerOutput(ABC):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minivllm.request import Request
+from minivllm.spec_decode.metrics import SpecDecodingStats
 
 
 @dataclass
@@ -39,6 +40,9 @@ class ScheduledRequest:
         needs_sample: This step reaches the end of the request's known tokens, so the
             runner samples a token at its last scheduled position. False for a chunk of
             a prompt that is not the last one.
+        spec_token_ids: Draft tokens scheduled after the request's known tokens, to be
+            verified this step (speculative decoding); they are the last
+            ``len(spec_token_ids)`` of the scheduled tokens.
     """
 
     request: Request
@@ -48,6 +52,7 @@ class ScheduledRequest:
     is_new: bool = False
     is_resumed: bool = False
     needs_sample: bool = False
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def request_id(self) -> str:
@@ -61,8 +66,11 @@ class ScheduledRequest:
 
     @property
     def token_ids(self) -> list[int]:
-        """The input token ids of this step (prompt chunk, resumed tokens, or one decode)."""
-        return self.request.all_token_ids[self.num_computed_tokens : self.num_computed_tokens_after]
+        """The input token ids of this step (prompt chunk, resumed tokens, or one decode),
+        then its drafts."""
+        end = self.num_computed_tokens_after - len(self.spec_token_ids)
+        known = self.request.all_token_ids[self.num_computed_tokens : end]
+        return known + self.spec_token_ids if self.spec_token_ids else known
 
 
 @dataclass
@@ -106,6 +114,11 @@ class SchedulerOutput:
         """Requests re-admitted after a preemption this step."""
         return [s.request_id for s in self.scheduled if s.is_resumed]
 
+    @property
+    def scheduled_spec_decode_tokens(self) -> dict[str, list[int]]:
+        """request id -> the drafts it verifies this step (requests with drafts only)."""
+        return {s.request_id: s.spec_token_ids for s in self.scheduled if s.spec_token_ids}
+
     def sampling_requests(self) -> list[ScheduledRequest]:
         """The scheduled requests that produce a token this step, in batch order.
 
@@ -133,6 +146,8 @@ class SchedulerStats:
         num_generation_tokens: Output tokens kept since start (async scheduling computes
             one token past a stop and drops it; that one is not counted).
         num_kv_blocks: Size of the KV pool.
+        spec_decoding_stats: Drafts proposed and accepted since start; None without
+            speculative decoding.
     """
 
     num_running_reqs: int
@@ -146,6 +161,7 @@ class SchedulerStats:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_kv_blocks: int = 0
+    spec_decoding_stats: SpecDecodingStats | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float:

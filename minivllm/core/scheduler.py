@@ -14,6 +14,7 @@ recompute from scratch later.
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -23,6 +24,7 @@ from minivllm.core.request_checks import check_new_request, num_blocks_needed
 from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput, SchedulerStats
 from minivllm.core.sched_utils import check_stop
 from minivllm.request import Request, RequestStatus
+from minivllm.spec_decode.metrics import SpecDecodingStats
 
 
 def _reaches_max_tokens(request: Request) -> bool:
@@ -45,6 +47,10 @@ class Scheduler:
             ``enable_chunked_prefill`` and ``max_model_len``.
         kv_cache_manager: The block allocator; the engine builds it from the cache config
             (tests pass a tiny one to force preemptions).
+        num_speculative_tokens: ``k`` of speculative decoding (0: off). Drafts reach the
+            scheduler through ``update_draft_token_ids``; each step schedules a request's
+            drafts after its tokens, and ``update_from_output`` takes back the slots of
+            the drafts the rejection sampler refused.
 
     Attributes:
         waiting: Requests not yet admitted, FCFS; preempted requests re-enter at the front.
@@ -56,9 +62,16 @@ class Scheduler:
         num_prompt_tokens: Prompt tokens of the requests added since start.
         num_generated_tokens: Output tokens appended to requests since start.
         peak_blocks_in_use: Most KV blocks held by requests at once.
+        spec_decoding_stats: Drafts verified and accepted since start (None: no
+            speculative decoding).
     """
 
-    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        num_speculative_tokens: int = 0,
+    ) -> None:
         # The config checked its budgets when it was built (SchedulerConfig.__post_init__).
         cfg = scheduler_config
         self.scheduler_config = cfg
@@ -78,6 +91,10 @@ class Scheduler:
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
         self.peak_blocks_in_use = 0
+        self.num_speculative_tokens = num_speculative_tokens
+        self.spec_decoding_stats = (
+            SpecDecodingStats(num_speculative_tokens) if num_speculative_tokens else None
+        )
 
     # ------------------------------------------------------------------ admission
     def add_request(self, request: Request) -> None:
@@ -129,8 +146,11 @@ class Scheduler:
                 req_index += 1
                 continue
             num_new = min(
-                # Catch up with every token, including one still in flight ...
-                request.num_tokens + request.num_output_placeholders - request.num_computed_tokens,
+                # Catch up with every token, including one still in flight, and with
+                # the drafts to verify (speculative decoding) ...
+                request.num_tokens_with_spec
+                + request.num_output_placeholders
+                - request.num_computed_tokens,
                 budget,  # ... as far as the budget allows (chunked prefill)
                 self.max_model_len - request.num_computed_tokens,  # never past the model
             )
@@ -140,7 +160,8 @@ class Scheduler:
                 continue
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # it preempted itself: nothing behind it is left in `running`
-            scheduled.append(self._scheduled(request, num_new))
+            drafts = self._take_drafts(request, num_new)
+            scheduled.append(self._scheduled(request, num_new, drafts=drafts))
             budget -= num_new
             req_index += 1
 
@@ -177,6 +198,20 @@ class Scheduler:
                 return False
         return True
 
+    @staticmethod
+    def _take_drafts(request: Request, num_new: int) -> list[int]:
+        """The drafts that fit in this step's ``num_new`` tokens; the request keeps none.
+
+        The budget or ``max_model_len`` may have cut the tail of the drafts; each step's
+        drafts are proposed afresh, so the request's list is emptied either way.
+        """
+        drafts = request.spec_token_ids
+        if not drafts:
+            return drafts
+        request.spec_token_ids = []
+        num_known = request.num_tokens + request.num_output_placeholders
+        return drafts[: max(0, request.num_computed_tokens + num_new - num_known)]
+
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
         """Admit waiting requests in order while slots, budget and blocks last."""
         kv = self.kv_cache_manager
@@ -207,7 +242,12 @@ class Scheduler:
         return budget
 
     def _scheduled(
-        self, request: Request, num_new: int, is_new: bool = False, resumed: bool = False
+        self,
+        request: Request,
+        num_new: int,
+        is_new: bool = False,
+        resumed: bool = False,
+        drafts: list[int] | None = None,
     ) -> ScheduledRequest:
         """Snapshot what the runner needs about one scheduled request."""
         return ScheduledRequest(
@@ -220,6 +260,7 @@ class Scheduler:
             is_resumed=resumed,
             needs_sample=request.num_computed_tokens + num_new
             >= request.num_tokens + request.num_output_placeholders,
+            spec_token_ids=drafts or [],
         )
 
     def _preempt_request(self, request: Request) -> None:
@@ -229,6 +270,7 @@ class Scheduler:
         """
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
+        request.spec_token_ids = []
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -257,6 +299,7 @@ class Scheduler:
         scheduler_output: SchedulerOutput,
         sampled_token_ids: Mapping[str, int] | Sequence[int],
         errors: Mapping[str, str] | None = None,
+        num_accepted_tokens: Sequence[int] | None = None,
     ) -> list[Request]:
         """Append the sampled tokens, apply the stop rules and free finished requests.
 
@@ -268,6 +311,10 @@ class Scheduler:
             errors: Request id -> why the runner could not sample for it (its logits
                 were not finite). Such a request gets no token: it finishes with
                 ``FINISHED_ERROR`` and the message as its ``stop_reason``.
+            num_accepted_tokens: With speculative decoding, how many of each request's
+                drafts the rejection sampler accepted (aligned like a list of
+                ``sampled_token_ids``); the request gains those drafts, then its sampled
+                token. Required when a request was scheduled with drafts.
 
         Returns:
             The requests that finished in this step (errors included), in batch order.
@@ -278,8 +325,9 @@ class Scheduler:
         """
         due = scheduler_output.sampling_requests()
         tokens = self._tokens_in_batch_order(due, sampled_token_ids)
+        accepted = _check_num_accepted(due, num_accepted_tokens)
         finished: list[Request] = []
-        for s, token in zip(due, tokens):
+        for s, token, num_accepted in zip(due, tokens, accepted):
             request = s.request
             request.num_output_placeholders -= 1
             if not self.keeps_token(request):
@@ -290,15 +338,54 @@ class Scheduler:
             error = errors.get(request.request_id) if errors else None
             if error is not None:
                 request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, error
-            else:
-                request.append_output_token_ids(token)
-                self.num_generated_tokens += 1
-                if not check_stop(request, self.max_model_len):
-                    continue
+            elif not self._append_and_check_stop(request, self._verified(s, token, num_accepted)):
+                continue
             queue.remove(request)
             self._free_request(request)
             finished.append(request)
         return finished
+
+    def _verified(self, s: ScheduledRequest, token: int, num_accepted: int) -> list[int]:
+        """The request's new tokens: its accepted drafts, then the sampled token.
+
+        The step computed K/V at every draft's position; those of the rejected drafts
+        belong to tokens that never happened. Counting them as not computed (upstream's
+        ``update_from_output`` does the same) makes the next step compute those positions
+        again, over the same slots, which stay allocated.
+        """
+        drafts = s.spec_token_ids
+        if not drafts:
+            return [token]
+        if s.request.status == RequestStatus.RUNNING:
+            s.request.num_computed_tokens -= len(drafts) - num_accepted
+        assert self.spec_decoding_stats is not None
+        self.spec_decoding_stats.observe_draft(len(drafts), num_accepted)
+        return [*drafts[:num_accepted], token]
+
+    def _append_and_check_stop(self, request: Request, new_tokens: list[int]) -> bool:
+        """Append tokens one at a time and stop at the first that ends the request, so a
+        run of accepted drafts ends exactly where token-by-token decoding would."""
+        for token in new_tokens:
+            request.append_output_token_ids(token)
+            self.num_generated_tokens += 1
+            if check_stop(request, self.max_model_len):
+                return True
+        return False
+
+    def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
+        """Give running requests their drafts for the next step (upstream's name).
+
+        Drafts of requests that are no longer running are dropped. A request keeps at
+        most ``num_speculative_tokens``, and never more than it could still emit: a step
+        emits its accepted drafts plus one token, so with ``r`` tokens left before
+        ``max_tokens`` only ``r - 1`` drafts can matter. That cap also keeps a request
+        within the blocks ``add_request`` checked the pool has for it.
+        """
+        for rid, drafts in draft_token_ids.items():
+            request = self.requests.get(rid)
+            if request is not None and request.status == RequestStatus.RUNNING:
+                left = request.max_tokens - request.num_output_tokens - 1
+                request.spec_token_ids = list(drafts[: min(self.num_speculative_tokens, left)])
 
     def keeps_token(self, request: Request) -> bool:
         """Whether a token the model sampled for ``request`` is appended to it.
@@ -412,4 +499,30 @@ class Scheduler:
             num_prompt_tokens=self.num_prompt_tokens,
             num_generation_tokens=self.num_generated_tokens,
             num_kv_blocks=kv.num_blocks,
+            spec_decoding_stats=copy.deepcopy(self.spec_decoding_stats),
         )
+
+
+def _check_num_accepted(
+    due: list[ScheduledRequest], num_accepted_tokens: Sequence[int] | None
+) -> Sequence[int]:
+    """Accepted-draft counts aligned with ``due``, checked before anything changes."""
+    if num_accepted_tokens is None:
+        with_drafts = [s.request_id for s in due if s.spec_token_ids]
+        if with_drafts:
+            raise ValueError(
+                f"requests {with_drafts} were scheduled with draft tokens, but "
+                "num_accepted_tokens was not given"
+            )
+        return [0] * len(due)
+    if len(num_accepted_tokens) != len(due):
+        raise ValueError(
+            f"num_accepted_tokens has {len(num_accepted_tokens)} entries but {len(due)} "
+            "requests were due to sample"
+        )
+    for s, n in zip(due, num_accepted_tokens):
+        if not 0 <= n <= len(s.spec_token_ids):
+            raise ValueError(
+                f"request {s.request_id}: {n} drafts accepted out of {len(s.spec_token_ids)}"
+            )
+    return num_accepted_tokens

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -26,9 +27,12 @@ from minivllm.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from minivllm.distributed.utils import verify_tensor_parallel_size
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -69,7 +73,11 @@ class EngineArgs:
         enforce_eager: Disable CUDA graphs.
         async_scheduling: Overlap the host's work for the next step with the device's
             work on the current one. None (the default) turns it on wherever it is
-            supported: with ``tensor_parallel_size`` 1.
+            supported: with ``tensor_parallel_size`` 1 and without speculative decoding.
+        speculative_config: Speculative decoding, upstream's keys:
+            ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
+            "prompt_lookup_max": ...}`` (see ``SpeculativeConfig``); None: off. On the
+            command line, the same as JSON (``--speculative-config '{...}'``).
     """
 
     model: str
@@ -90,6 +98,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
     async_scheduling: bool | None = None
+    speculative_config: dict[str, Any] | None = None
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -121,6 +130,8 @@ class EngineArgs:
             flag = "--" + f.name.replace("_", "-")
             if f.type in ("bool", bool, "bool | None"):  # None = "decide automatically"
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            elif str(f.type).startswith("dict"):  # a JSON object, as upstream's flags
+                group.add_argument(flag, type=_json_object(f.name), default=f.default)
             else:
                 kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
                 group.add_argument(flag, type=kind, default=f.default)
@@ -134,6 +145,7 @@ class EngineArgs:
     def create_engine_config(self) -> VllmConfig:
         """Validate every argument and resolve defaults into a ``VllmConfig``."""
         self._check_simple_args()
+        speculative_config = self._resolve_speculative_config()
         device = self._resolve_device()
         check_attn_backend(self.attention_backend, device)
         from minivllm.model_executor.loader import resolve_model_path
@@ -180,6 +192,7 @@ class EngineArgs:
             attention_backend=self.attention_backend,
             seed=self.seed,
             enforce_eager=self.enforce_eager or device.type != "cuda",
+            speculative_config=speculative_config,
         )
 
     def _check_simple_args(self) -> None:
@@ -221,7 +234,30 @@ class EngineArgs:
                 f"got {self.cpu_kv_cache_space}"
             )
 
+    def _resolve_speculative_config(self) -> SpeculativeConfig | None:
+        if self.speculative_config is None:
+            return None
+        config = SpeculativeConfig.from_dict(self.speculative_config)
+        if self.tensor_parallel_size > 1:
+            # The worker processes' mirrored requests are not sent the draft tokens.
+            raise ValueError(
+                "speculative_config needs tensor_parallel_size=1 (got "
+                f"{self.tensor_parallel_size}): minivllm's speculative decoding is single-device"
+            )
+        return config
+
     def _resolve_async_scheduling(self) -> bool:
+        if self.speculative_config is not None:
+            # Drafts are proposed from the tokens a step returns; scheduling the next step
+            # before they arrive would leave nothing to propose from.
+            if self.async_scheduling:
+                raise ValueError(
+                    "async_scheduling=True cannot be combined with speculative_config; "
+                    "leave async_scheduling None to turn it off automatically"
+                )
+            if self.async_scheduling is None:
+                logger.info("speculative decoding is on: async scheduling is turned off")
+            return False
         if self.async_scheduling is None:
             return self.tensor_parallel_size == 1
         if self.async_scheduling and self.tensor_parallel_size > 1:
@@ -266,6 +302,21 @@ class EngineArgs:
                 f"max_position_embeddings={limit}"
             )
         return self.max_model_len
+
+
+def _json_object(name: str):
+    """An argparse type: a JSON object, or a clear error naming the flag."""
+
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"--{name.replace('_', '-')}: {exc}") from exc
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"--{name.replace('_', '-')} must be a JSON object")
+        return value
+
+    return parse
 
 
 def _load_hf_config(model_path: str) -> tuple[Any, set[int]]:

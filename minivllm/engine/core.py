@@ -52,6 +52,7 @@ from minivllm.engine.serial_utils import decode_abort, decode_request, decode_st
 from minivllm.executor.abstract import Executor
 from minivllm.request import Request, RequestStatus
 from minivllm.runner_outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
+from minivllm.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,30 @@ class EngineCore:
         self.kv_cache_manager = KVCacheManager(
             num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(vllm_config.scheduler_config, self.kv_cache_manager)
+        spec = vllm_config.speculative_config
+        self.scheduler = Scheduler(
+            vllm_config.scheduler_config,
+            self.kv_cache_manager,
+            num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
+        )
+        # Speculative decoding's proposer. Upstream's runs in the worker, after sampling
+        # (a draft model needs the device); an n-gram proposer needs only the tokens,
+        # which are here.
+        self.drafter: NgramProposer | None = None
+        if spec is not None:
+            self.drafter = NgramProposer(
+                spec.num_speculative_tokens,
+                spec.prompt_lookup_min,
+                spec.prompt_lookup_max,
+                model_config.max_model_len,
+            )
+            logger.info(
+                "speculative decoding: %s, up to %d draft tokens per request and step; "
+                "async scheduling is off, steps that verify drafts run without CUDA graphs, "
+                "requests that ask for logprobs are not speculated",
+                spec.method,
+                spec.num_speculative_tokens,
+            )
         self._block_hasher = (
             get_request_block_hasher(cache_config.block_size)
             if cache_config.enable_prefix_caching
@@ -260,9 +284,16 @@ class EngineCore:
             # Asked before the scheduler appends: afterwards a request that just
             # finished looks like one that had finished before the step.
             keeps = self.scheduler.keeps_token
-            live = [(row, s.request) for row, s in enumerate(due) if keeps(s.request)]
+            live = [
+                (row, s.request, s.request.num_output_tokens)
+                for row, s in enumerate(due)
+                if keeps(s.request)
+            ]
             self.scheduler.update_from_output(
-                scheduler_output, runner_output.sampled_token_ids, runner_output.errors
+                scheduler_output,
+                runner_output.sampled_token_ids,
+                runner_output.errors,
+                runner_output.num_accepted_tokens,
             )
         except Exception as exc:  # update_from_output checks before it changes anything
             self._fail_step(scheduler_output, exc, outputs, resend_finished=False)
@@ -270,13 +301,31 @@ class EngineCore:
         if self.tracer is not None:
             self.tracer.record_step(scheduler_output, self.kv_cache_manager)
         sampled = set()
-        for row, request in live:
+        for row, request, num_before in live:
             sampled.add(request.request_id)
-            outputs.append(self._make_output(request, row, runner_output))
+            outputs.append(self._make_output(request, row, runner_output, num_before))
         for rid in runner_output.prompt_logprobs:
             request = self.scheduler.requests.get(rid)
             if rid not in sampled and request is not None:  # a prefill chunk, no token yet
                 outputs.append(self._make_output(request, None, runner_output))
+        if self.drafter is not None:
+            self._propose_drafts()
+
+    def _propose_drafts(self) -> None:
+        """Drafts for the next step of every request about to decode.
+
+        Such a request has all its tokens computed but the one it just gained. Requests
+        that want logprobs get none: a step returns one logprobs row per request.
+        """
+        assert self.drafter is not None
+        drafts = {}
+        for request in self.scheduler.running:
+            if (
+                request.num_computed_tokens == request.num_tokens - 1
+                and request.sampling_params.logprobs is None
+            ):
+                drafts[request.request_id] = self.drafter.propose_one(request.all_token_ids)
+        self.scheduler.update_draft_token_ids(drafts)
 
     def _fail_step(
         self,
@@ -305,15 +354,21 @@ class EngineCore:
             outputs.append(self._make_output(request, None, None))
 
     def _make_output(
-        self, request: Request, row: int | None, runner_output: ModelRunnerOutput | None
+        self,
+        request: Request,
+        row: int | None,
+        runner_output: ModelRunnerOutput | None,
+        num_before: int = 0,
     ) -> EngineCoreOutput:
+        """The request's gains in one step; ``num_before``: its output tokens before it
+        (a speculative step may add several)."""
         rid = request.request_id
         if request.status == RequestStatus.FINISHED_ERROR:
             row = None  # its row's token and logprobs mean nothing
         prompt_logprobs = None if runner_output is None else runner_output.prompt_logprobs
         out = EngineCoreOutput(
             rid,
-            [] if row is None else [request.output_token_ids[-1]],
+            [] if row is None else request.output_token_ids[num_before:],
             new_prompt_logprobs=None if prompt_logprobs is None else prompt_logprobs.get(rid),
             num_cached_tokens=request.num_cached_tokens,
             events=self._events.pop(rid, None),

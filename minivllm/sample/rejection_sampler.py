@@ -93,9 +93,12 @@ class RejectionSampler(nn.Module):
             ``sampled_token_ids [batch, max_spec_len + 1]`` int64: each request's
             accepted drafts, then one emitted token, then ``PLACEHOLDER_TOKEN_ID``; and,
             when a row asked for them, raw logprobs of every cell of that grid (placeholder
-            cells score token 0 and are dropped by ``parse_output``).
+            cells score token 0 and are dropped by ``parse_output``); ``logits_finite``
+            is ``[batch]``: False for a request with a non-finite value in any of its
+            sampled rows (its tokens mean nothing).
         """
         md = sampling_metadata
+        logits_finite = requests_finite(logits, metadata)
         raw_logprobs = None if md.max_num_logprobs is None else compute_logprobs(logits)
         if not (md.all_greedy and md.no_penalties and md.min_tokens_rows is None):
             # A float32 copy: the stages below work in place (as in Sampler.forward).
@@ -121,7 +124,7 @@ class RejectionSampler(nn.Module):
             logprobs_tensors = gather_logprobs(
                 raw_logprobs[rows.flatten()], md.max_num_logprobs, output.clamp(min=0).flatten()
             )
-        return SamplerOutput(output, logprobs_tensors)
+        return SamplerOutput(output, logprobs_tensors, logits_finite)
 
     def _random_rows(
         self,
@@ -198,6 +201,19 @@ class RejectionSampler(nn.Module):
             logprobs_tensors.ranks[keep],
         )
         return tokens, kept.tolists()
+
+
+def requests_finite(logits: torch.Tensor, metadata: SpecDecodeMetadata) -> torch.Tensor:
+    """``[batch]`` bool: all of the request's sampled rows are finite (as the Sampler's
+    check: the row's maximum is a finite number)."""
+    bad_rows = (~logits.amax(dim=-1).isfinite()).long()
+    cu = metadata.cu_num_sampled_tokens
+    num_rows = torch.diff(cu, prepend=cu.new_zeros(1))
+    request_of_row = torch.repeat_interleave(
+        torch.arange(len(num_rows), device=cu.device), num_rows
+    )
+    bad = torch.zeros(len(num_rows), dtype=torch.long, device=logits.device)
+    return bad.index_add_(0, request_of_row, bad_rows) == 0
 
 
 def residual_probs(

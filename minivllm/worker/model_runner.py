@@ -20,15 +20,17 @@ import torch
 
 from minivllm.attention.selector import get_attn_backend
 from minivllm.config import VllmConfig
-from minivllm.core.sched_output import SchedulerOutput
+from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput
 from minivllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.model_executor.loader import get_model
 from minivllm.runner_outputs import ModelRunnerOutput
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.prompt_logprobs import compute_prompt_logprobs
+from minivllm.sample.rejection_sampler import RejectionSampler, requests_at_sampled_rows
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingType
+from minivllm.spec_decode.metadata import SpecDecodeMetadata
 from minivllm.utils.torch_utils import copy_to_device
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.cuda_graph import CUDAGraphRunner
@@ -55,6 +57,8 @@ class ModelInputs:
     logits_indices: torch.Tensor
     # Requests whose last input token is a placeholder for the step still in flight.
     placeholder_req_ids: list[str] = field(default_factory=list)
+    # Where the drafts and the rows that verify them are, when any request has drafts.
+    spec_decode_metadata: SpecDecodeMetadata | None = None
 
 
 class ModelRunner:
@@ -82,6 +86,7 @@ class ModelRunner:
         engine_gen = torch.Generator(device=self.device)
         engine_gen.manual_seed(vllm_config.seed)
         self.sampler = Sampler(engine_gen)
+        self.rejection_sampler = RejectionSampler(self.sampler)
         # request_id -> that request's seeded generator; lives until the request ends,
         # so a seeded stream continues where it was after a preemption.
         self.generators: dict[str, torch.Generator] = {}
@@ -209,6 +214,13 @@ class ModelRunner:
         slot_mapping = block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
         needs_sample = np.fromiter((s.needs_sample for s in scheduled), bool, num_reqs)
         logits_indices = query_start_loc[1:][needs_sample].astype(np.int64) - 1
+        spec_metadata = None
+        drafts = [s.spec_token_ids for s in scheduled if s.needs_sample]
+        if any(drafts):
+            # Each sampling request's last len(drafts) + 1 tokens are its sampled rows.
+            spec_metadata = SpecDecodeMetadata.from_draft_token_ids(
+                drafts, self.device, query_start_loc[1:][needs_sample]
+            )
         fill_dst, fill_src = self._placeholder_sources(placeholders)
         input_ids, positions_d, slots, logits_idx, dst, src = copy_to_device(
             [
@@ -241,8 +253,9 @@ class ModelRunner:
             input_ids=input_ids,
             positions=positions_d,
             attn_metadata=attn_metadata,
-            logits_indices=logits_idx,
+            logits_indices=logits_idx if spec_metadata is None else spec_metadata.logits_indices,
             placeholder_req_ids=[rid for _, rid in placeholders],
+            spec_decode_metadata=spec_metadata,
         )
 
     def _placeholder_sources(
@@ -306,6 +319,8 @@ class ModelRunner:
         if not sampling:
             return AsyncOutput(output, None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        if inputs.spec_decode_metadata is not None:
+            return self._verify_drafts(output, logits, sampling, inputs.spec_decode_metadata)
         requests = [s.request for s in sampling]
         metadata = SamplingMetadata.from_requests(
             requests,
@@ -322,6 +337,35 @@ class ModelRunner:
         self._prev_output = AsyncOutput(
             output, sampled, sampler_output.logprobs_tensors, sampler_output.logits_finite
         )
+        return self._prev_output
+
+    def _verify_drafts(
+        self,
+        output: ModelRunnerOutput,
+        logits: torch.Tensor,
+        sampling: list[ScheduledRequest],
+        spec_metadata: SpecDecodeMetadata,
+    ) -> AsyncOutput:
+        """Speculative decoding: each request keeps its accepted drafts and one token.
+
+        ``output.sampled_token_ids`` gets the token after the accepted drafts and
+        ``output.num_accepted_tokens`` how many drafts were accepted; the scheduler,
+        which knows the drafts, rebuilds the run. Counting them needs the host to wait
+        for the device, which is free here: async scheduling is off with speculation.
+        """
+        drafts = [s.spec_token_ids for s in sampling]
+        metadata = SamplingMetadata.from_requests(
+            requests_at_sampled_rows([s.request for s in sampling], drafts),
+            self.device,
+            self.generators,
+            logits.shape[-1],
+        )
+        result = self.rejection_sampler(spec_metadata, None, logits, metadata)
+        last, num_accepted, logprobs = RejectionSampler.last_tokens(result)
+        output.num_accepted_tokens = num_accepted.tolist()
+        self._prev_sampled = last
+        self._prev_rows = {rid: i for i, rid in enumerate(output.req_ids)}
+        self._prev_output = AsyncOutput(output, last, logprobs, result.logits_finite)
         return self._prev_output
 
     def _read_in_flight_tokens(self) -> dict[str, int]:
