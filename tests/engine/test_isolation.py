@@ -35,12 +35,12 @@ ARGS = dict(dtype="float32", device="cpu", max_model_len=128, block_size=4)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 
-def poisoned_model(path):
-    """A tiny Llama whose embedding of ``POISON`` is NaN (the LM head is untied)."""
+def poisoned_model(path, token: int = POISON):
+    """A tiny Llama whose embedding of ``token`` is NaN (the LM head is untied)."""
     make_tiny_model("llama", path)
     shard = next(path.glob("*.safetensors"))
     weights = load_file(shard)
-    weights["model.embed_tokens.weight"][POISON] = float("nan")
+    weights["model.embed_tokens.weight"][token] = float("nan")
     save_file(weights, shard, metadata={"format": "pt"})
     return path
 
