@@ -11,6 +11,11 @@ const $ = (id) => document.getElementById(id);
 const seen = { records: 0, maxRequestsInStep: 0, maxSharedBlocks: 0, preemptions: 0 };
 window.liveView = seen;
 let model = null;
+// A server started with --api-key wants it on every /v1 request: open the page as
+// /#key=KEY (a fragment never reaches the server, so the key is not logged).
+const apiKey = new URLSearchParams(location.hash.slice(1)).get("key");
+const headers = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
+const jsonHeaders = { ...headers, "Content-Type": "application/json" };
 
 // ---- colours ---------------------------------------------------------------------------
 
@@ -29,16 +34,48 @@ const shortId = (id) => (id.length > 14 ? "…" + id.slice(-12) : id);
 // ---- connection ------------------------------------------------------------------------
 
 async function start() {
-  const state = await (await fetch("/v1/live?watch=false")).json();
+  const response = await fetch("/v1/live?watch=false", { headers });
+  if (response.status === 401) {
+    setStatus("this server wants its API key: open /#key=KEY", false);
+    return;
+  }
+  const state = await response.json();
   model = state.model;
   $("model").textContent = model;
   if (state.playground) $("playground").hidden = false;
   else document.body.classList.add("read-only");
   render(state);
-  const events = new EventSource("/v1/live/stream");
-  events.onopen = () => setStatus("live", true);
-  events.onerror = () => setStatus("reconnecting", false);
-  events.onmessage = (e) => render(JSON.parse(e.data));
+  for (;;) {  // the stream; after a failure, try again a second later
+    try {
+      await readEvents("/v1/live/stream", { headers }, (data) => render(JSON.parse(data)),
+        () => setStatus("live", true));
+    } catch (err) {
+      // the server went away or restarted
+    }
+    setStatus("reconnecting", false);
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+// Server-sent events over fetch (EventSource cannot send an Authorization header): call
+// onData with each event's data, until the stream ends.
+async function readEvents(url, init, onData, onOpen = () => {}) {
+  const response = await fetch(url, init);
+  if (!response.ok) throw new Error((await response.json()).error.message);
+  onOpen();
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    const events = buffer.split("\n\n");
+    buffer = events.pop();
+    for (const e of events) {
+      if (e.startsWith("data: ")) onData(e.slice(6));
+    }
+  }
 }
 
 function setStatus(text, live) {
@@ -222,30 +259,15 @@ async function generate(event) {
   out.dataset.state = "streaming";
   $("send").disabled = true;
   try {
-    const response = await fetch("/v1/completions", {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ model, prompt: $("prompt").value, stream: true,
-        ...samplingFields() }),
-    });
-    if (!response.ok) throw new Error((await response.json()).error.message);
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      const events = buffer.split("\n\n");
-      buffer = events.pop();
-      for (const e of events) {
-        const data = e.replace(/^data: /, "");
-        if (data === "[DONE]") continue;
+    const body = JSON.stringify({ model, prompt: $("prompt").value, stream: true,
+      ...samplingFields() });
+    await readEvents("/v1/completions", { method: "POST", headers: jsonHeaders, body },
+      (data) => {
+        if (data === "[DONE]") return;
         const chunk = JSON.parse(data);
         if (chunk.error) throw new Error(chunk.error.message);
         out.textContent += chunk.choices[0].text;
-      }
-    }
+      });
     out.dataset.state = "done";
   } catch (err) {
     out.textContent += `\n[error: ${err.message}]`;
@@ -265,7 +287,7 @@ async function burst() {
   const one = async (i) => {
     await fetch("/v1/completions", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: jsonHeaders,
       body: JSON.stringify({ model, prompt: `${$("burst-prefix").value} (${i + 1})`,
         max_tokens: Number($("burst-tokens").value), temperature: 0.8, ignore_eos: true }),
     });

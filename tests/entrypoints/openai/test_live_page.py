@@ -22,6 +22,7 @@ from tests.docs.test_browser import DevTools, _chromium
 from tests.entrypoints.openai.server_process import RemoteOpenAIServer
 
 WAIT_S = 90.0
+API_KEY = "live-page-key"
 
 PAGE_STATE = """(() => ({
   playground: !document.getElementById('playground').hidden,
@@ -76,8 +77,12 @@ def wait_for(browser: DevTools, done: Callable[[dict], bool], what: str) -> dict
 def test_page_streams_a_prompt_and_shows_a_burst(
     chromium: str, browser: DevTools, artifacts: Path
 ) -> None:
-    with RemoteOpenAIServer() as server:
+    # With --api-key, the page needs the key too: it asks for it, then works as /#key=KEY.
+    with RemoteOpenAIServer(extra_args=["--api-key", API_KEY]) as server:
         browser.navigate(server.url + "/")
+        wait_for(browser, lambda s: "API key" in s["status"], "that it needs the key")
+        browser.navigate("about:blank")  # a new fragment alone would not load the page again
+        browser.navigate(f"{server.url}/#key={API_KEY}")
         wait_for(browser, lambda s: s["status"] == "live" and s["seen"]["records"] > 0, "live")
 
         # A greedy prompt: the streamed text equals the API's answer to the same request.
@@ -91,6 +96,7 @@ def test_page_streams_a_prompt_and_shows_a_burst(
         expected = httpx.post(
             server.url + "/v1/completions",
             json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+            headers={"Authorization": f"Bearer {API_KEY}"},
             timeout=60,
         ).json()["choices"][0]["text"]
         assert state["completionState"] == "done", state
