@@ -95,7 +95,7 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
 def format_engine_summary(engine) -> str:
     """The engine summary line block printed after ``generate``."""
     s = engine.stats
-    return (
+    summary = (
         "engine summary:\n"
         f"  steps                 {s.num_steps}\n"
         f"  prompt tokens         {s.num_prompt_tokens}\n"
@@ -104,6 +104,16 @@ def format_engine_summary(engine) -> str:
         f"  peak KV blocks in use {s.peak_blocks_in_use} / {s.num_kv_blocks}\n"
         f"  preemptions           {s.num_preemptions}"
     )
+    spec = s.spec_decoding_stats
+    if spec is not None and spec.num_drafts:
+        rates = ", ".join(f"{r:.2f}" for r in spec.acceptance_rate_per_pos)
+        summary += (
+            f"\n  draft tokens          {spec.num_accepted_tokens} accepted / "
+            f"{spec.num_draft_tokens} proposed ({spec.acceptance_rate:.1%})\n"
+            f"  acceptance by position {rates}\n"
+            f"  mean acceptance length {spec.mean_acceptance_length:.2f}"
+        )
+    return summary
 
 
 def build_parser() -> argparse.ArgumentParser:

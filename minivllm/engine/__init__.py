@@ -99,6 +99,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
         num_cached_tokens: Prompt tokens served from the prefix cache (on the first
             output of a request, and again after a preemption).
         events: Scheduling events since the request's previous output.
+        num_draft_tokens: Draft tokens verified for it this step (speculative decoding).
+        num_accepted_tokens: Of those, accepted (they lead ``new_token_ids``).
     """
 
     request_id: str
@@ -109,6 +111,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     events: list[EngineCoreEvent] | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:

@@ -301,9 +301,14 @@ class EngineCore:
         if self.tracer is not None:
             self.tracer.record_step(scheduler_output, self.kv_cache_manager)
         sampled = set()
+        accepted = runner_output.num_accepted_tokens
         for row, request, num_before in live:
             sampled.add(request.request_id)
-            outputs.append(self._make_output(request, row, runner_output, num_before))
+            out = self._make_output(request, row, runner_output, num_before)
+            if accepted is not None and out.new_token_ids:
+                out.num_draft_tokens = len(due[row].spec_token_ids)
+                out.num_accepted_tokens = accepted[row]
+            outputs.append(out)
         for rid in runner_output.prompt_logprobs:
             request = self.scheduler.requests.get(rid)
             if rid not in sampled and request is not None:  # a prefill chunk, no token yet

@@ -335,6 +335,8 @@ class OutputProcessor:
                 engine_core_timestamp,
                 len(state.prompt_token_ids),
             )
+            state.stats.num_draft_tokens += out.num_draft_tokens
+            state.stats.num_accepted_tokens += out.num_accepted_tokens
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             stop_str = state.update(out)
             if stop_str is not None:

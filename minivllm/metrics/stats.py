@@ -36,6 +36,8 @@ class RequestStateStats:
         num_generation_tokens: Tokens generated so far.
         num_preemptions: Times the scheduler preempted it.
         finished_time: ``time.time()`` when the front end saw it finish (0 while running).
+        num_draft_tokens: Draft tokens verified for it (speculative decoding).
+        num_accepted_tokens: Of those, accepted.
     """
 
     arrival_time: float = 0.0
@@ -47,6 +49,8 @@ class RequestStateStats:
     num_generation_tokens: int = 0
     num_preemptions: int = 0
     finished_time: float = 0.0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def queued_time(self) -> float:
@@ -72,6 +76,13 @@ class RequestStateStats:
     def e2e_latency(self) -> float:
         """Seconds from arrival to finish (0 while the request runs)."""
         return self.finished_time - self.arrival_time if self.finished_time else 0.0
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        """Accepted over verified draft tokens (NaN when none was verified)."""
+        if not self.num_draft_tokens:
+            return float("nan")
+        return self.num_accepted_tokens / self.num_draft_tokens
 
     @property
     def mean_time_per_output_token(self) -> float:

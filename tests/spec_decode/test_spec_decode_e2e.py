@@ -14,6 +14,7 @@ import logging
 import pytest
 
 from minivllm import LLM, SamplingParams
+from minivllm.cli import format_engine_summary
 from tests.engine.test_llm_engine import _workload
 from tests.tiny_models import make_tiny_model
 
@@ -49,7 +50,7 @@ def case(tmp_path_factory):
 def _generate(path, prompts, params, **kwargs) -> list[list[int]]:
     llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=MAX_MODEL_LEN, **kwargs)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    _generate.last_llm = llm  # the tests read its stats
+    _generate.last_llm, _generate.last_outputs = llm, outputs  # the tests read their stats
     return [o.outputs[0].token_ids for o in outputs]
 
 
@@ -68,6 +69,12 @@ def test_greedy_outputs_equal_without_speculation(case, k: int) -> None:
     assert spec is not None and spec.num_spec_tokens == k
     # Both branches ran: drafts were accepted, and drafts were rejected.
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
+    # Each request's metrics count its own drafts; together they are the engine's.
+    metrics = [o.metrics for o in _generate.last_outputs]
+    assert sum(m.num_draft_tokens for m in metrics) == spec.num_draft_tokens
+    assert sum(m.num_accepted_tokens for m in metrics) == spec.num_accepted_tokens
+    summary = format_engine_summary(llm.llm_engine)
+    assert f"{spec.num_accepted_tokens} accepted / {spec.num_draft_tokens} proposed" in summary
     manager = core.kv_cache_manager
     assert manager.num_free_blocks == manager.num_blocks
 
