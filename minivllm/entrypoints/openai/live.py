@@ -142,13 +142,11 @@ class LiveHub:
 
     async def poll(self, watch: bool) -> dict[str, Any]:
         """``/v1/live``: hold recording on for a while (``watch``) and return the state."""
-        if watch:
-            fresh = self._lease_task is None
+        if watch and not self.engine.errored:  # a dead engine makes no records
             self._lease_until = time.monotonic() + POLL_LEASE_S
-            if fresh:
+            if self._lease_task is None:  # set before any await: concurrent polls share it
                 before = self.engine.latest_step_record
-                await self.engine.acquire_step_records()
-                self._lease_task = asyncio.get_running_loop().create_task(self._end_lease())
+                self._lease_task = asyncio.get_running_loop().create_task(self._lease())
                 await self._wait_for_record_after(before)
         return self.state(self.engine.latest_step_record)
 
@@ -158,13 +156,18 @@ class LiveHub:
         while self.engine.latest_step_record is before and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
-    async def _end_lease(self) -> None:
+    async def _lease(self) -> None:
+        """Hold recording on until ``_lease_until`` (which later polls push back)."""
         try:
-            while (left := self._lease_until - time.monotonic()) > 0:
-                await asyncio.sleep(left)
-        finally:
+            await self.engine.acquire_step_records()
+        except Exception:  # the engine died meanwhile: nothing to hold
             self._lease_task = None
-            self.engine.release_step_records()
+            return
+        # Cancelled only when the server stops: then there is nothing left to release.
+        while (left := self._lease_until - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+        self._lease_task = None
+        self.engine.release_step_records()
 
     async def stream(self) -> AsyncGenerator[bytes, None]:
         """``/v1/live/stream``: one server-sent event per record, metrics alone when the
@@ -194,11 +197,6 @@ class LiveHub:
             if queue.full():
                 queue.get_nowait()  # a slow browser skips records, never the engine
             queue.put_nowait(record)
-
-    def shutdown(self) -> None:
-        """End the polling lease (the server is stopping)."""
-        if self._lease_task is not None:
-            self._lease_task.cancel()
 
 
 @router.get("/", include_in_schema=False)
