@@ -638,3 +638,34 @@ def test_browser_opens_every_chapter_offline(
     assert sum(r["blocks"] for r in results) >= 10  # the diagrams were really checked
     assert sum(r["images"] for r in results) >= 5
     assert len(list(shots.glob("*.png"))) == len(results)
+
+
+EXTERNAL_LOAD_RE = re.compile(
+    r"<script\b[^>]*\bsrc=\"https?://[^\"]*\""
+    # <link> loads only for these rels; canonical, alternate and the like are mere links
+    r"|<link\b(?=[^>]*\brel=\"(?:stylesheet|preload|modulepreload|preconnect|icon|manifest)\")"
+    r"[^>]*\bhref=\"https?://[^\"]*\"[^>]*>"
+    r"|<(?:img|iframe|source)\b[^>]*\bsrc=\"https?://[^\"]*\""
+)
+EXTERNAL_CSS_RE = re.compile(r"@import\s+(?:url\()?\s*[\"']?https?://|url\(\s*[\"']?https?://")
+
+
+def test_built_site_loads_nothing_from_the_network(built_site) -> None:
+    """No page or stylesheet of the built site names an http(s) resource to load: no CDN
+    script, no web font (the theme's ``font: false``), no remote image or stylesheet.
+    Plain links to GitHub and upstream's docs are fine: a reader follows them by choice.
+    Needs no browser, so it runs wherever the site builds."""
+    site, proc = built_site
+    assert proc.returncode == 0, proc.stderr
+    found = []
+    for page in site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        found += [f"{page.relative_to(site)}: {m[:120]}" for m in EXTERNAL_LOAD_RE.findall(text)]
+        for style in re.findall(r"<style\b[^>]*>(.*?)</style>", text, flags=re.S):
+            found += [
+                f"{page.relative_to(site)}: <style> {m}" for m in EXTERNAL_CSS_RE.findall(style)
+            ]
+    for css in site.rglob("*.css"):
+        text = css.read_text(encoding="utf-8")
+        found += [f"{css.relative_to(site)}: {m}" for m in EXTERNAL_CSS_RE.findall(text)]
+    assert not found, "\n".join(found[:20])
