@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +99,9 @@ class LiveStatLogger(StatLoggerBase):
     are exact; p50 and p90 come from a sample of each step (see ``_Window``).
     """
 
-    def __init__(self, window_s: float = WINDOW_S) -> None:
+    def __init__(self, window_s: float = WINDOW_S, clock: Callable[[], float] = time.time) -> None:
         self.window_s = window_s
+        self.clock = clock  # the same clock as IterationStats.iteration_timestamp
         self._ttft = _Window()
         self._itl = _Window()
         self._tokens: deque[tuple[float, int]] = deque()  # (time.time(), tokens) per step
@@ -117,7 +118,7 @@ class LiveStatLogger(StatLoggerBase):
         self._itl.add(now, iteration_stats.inter_token_latencies_iter)
         self._tokens.append((now, iteration_stats.num_generation_tokens))
         self._num_tokens += iteration_stats.num_generation_tokens
-        self._drop_old(time.time())
+        self._drop_old(self.clock())
 
     def _drop_old(self, now: float) -> None:
         cutoff = now - self.window_s
@@ -128,7 +129,7 @@ class LiveStatLogger(StatLoggerBase):
 
     def snapshot(self) -> dict[str, Any]:
         """The window's figures: see docs/live_view.md ("metrics")."""
-        self._drop_old(time.time())
+        self._drop_old(self.clock())
         return {
             "window_s": self.window_s,
             "ttft_ms": self._ttft.summary_ms(),

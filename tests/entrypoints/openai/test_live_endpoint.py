@@ -134,3 +134,28 @@ def test_recording_follows_viewers_and_records_match_the_engine(
     assert state["recording"] is True and state["viewers"] == 1
     assert state["record"]["timestamp"] > idle["timestamp"]
     assert state["record"]["step"] == state["stats"]["num_steps"] == idle["step"] + 8
+
+
+def test_live_stat_logger_window() -> None:
+    from minivllm.entrypoints.openai.live import LiveStatLogger
+    from minivllm.metrics.stats import IterationStats
+
+    now = [1000.0]
+    logger = LiveStatLogger(window_s=10.0, clock=lambda: now[0])
+    for _ in range(20):  # one step a second, 100 ITLs of 1..100 ms each
+        stats = IterationStats(iteration_timestamp=now[0])
+        stats.num_generation_tokens = 101
+        stats.time_to_first_tokens_iter = [0.5]
+        stats.inter_token_latencies_iter = [i / 1000 for i in range(1, 101)]
+        logger.record(None, stats)
+        now[0] += 1.0
+    snap = logger.snapshot()
+    # Only the steps of the last ten seconds count, exactly; quantiles from a sample.
+    assert snap["num_generation_tokens"] == 10 * 101 and snap["tokens_per_s"] == 101
+    assert snap["ttft_ms"]["count"] == 10 and snap["ttft_ms"]["p50"] == pytest.approx(500)
+    assert snap["itl_ms"]["count"] == 1000
+    assert snap["itl_ms"]["mean"] == pytest.approx(50.5)
+    assert 25 <= snap["itl_ms"]["p50"] <= 75 and snap["itl_ms"]["p90"] >= 75
+    now[0] += 60.0  # idle for a minute: nothing left in the window
+    snap = logger.snapshot()
+    assert snap["num_generation_tokens"] == 0 and snap["itl_ms"]["p50"] is None
