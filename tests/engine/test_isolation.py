@@ -12,17 +12,27 @@ Two kinds of failure, with async scheduling off and on:
   results): exactly the requests that step scheduled finish with an error, a request
   that was waiting runs normally, later requests succeed, and nothing is left held.
   Issue 19's item 2 (one failed ``step()`` poisoning the rest of its batch for ever) is
-  the regression test at the end.
+  a regression test here.
+
+Last, the front end's side on its own: a failed sample of an ``n > 1`` request.
 """
 
 from __future__ import annotations
 
+import asyncio
+
+import msgspec
 import pytest
 from safetensors.torch import load_file, save_file
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+from minivllm.engine.exceptions import EngineGenerateError
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.output_processor import OutputProcessor, RequestOutputCollector
+from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import RequestOutputKind
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.model_runner import ModelRunner
 from tests.tiny_models import make_tiny_model
@@ -233,3 +243,43 @@ def test_issue_19_item_2_a_failed_step_does_not_poison_the_batch(
 def _run_after_abort(engine: LLMEngine, rid: str) -> dict[str, RequestOutput]:
     engine.abort_request([rid])  # already finished with an error: a no-op
     return _run(engine)
+
+
+# ---- the front end's side -----------------------------------------------------------------
+
+
+def _n2_request(queue, kind: RequestOutputKind) -> tuple[OutputProcessor, list[str]]:
+    proc = OutputProcessor(None)
+    params = SamplingParams(n=2, max_tokens=5, seed=1, output_kind=kind)
+    request = EngineCoreRequest("p", [5, 6], params, None, 0.0)
+    parent = ParentRequest("p", params)
+    children = []
+    for index in range(2):
+        child_id, child_params = parent.get_child_info(index)
+        child = msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params)
+        proc.add_request(child, None, parent, index, queue)
+        children.append(child_id)
+    return proc, children
+
+
+def test_a_failed_sample_of_a_stream_raises_and_stops_its_sibling() -> None:
+    queue = RequestOutputCollector(RequestOutputKind.DELTA)
+    proc, (first, second) = _n2_request(queue, RequestOutputKind.DELTA)
+    error = EngineCoreOutput(first, [], finish_reason=FinishReason.ERROR, stop_reason="boom")
+    result = proc.process_outputs([EngineCoreOutput(second, [7]), error], 0.0)
+    assert result.reqs_to_abort == [second]  # the core still runs the sibling
+    assert not proc.has_unfinished_requests()
+    with pytest.raises(EngineGenerateError, match="request p failed: boom"):
+        asyncio.run(queue.get())
+
+
+def test_a_failed_sample_offline_is_an_output_with_finish_reason_error() -> None:
+    proc, (first, second) = _n2_request(None, RequestOutputKind.FINAL_ONLY)
+    error = EngineCoreOutput(first, [], finish_reason=FinishReason.ERROR, stop_reason="boom")
+    done = EngineCoreOutput(second, [7], finish_reason=FinishReason.LENGTH)
+    outputs = proc.process_outputs([EngineCoreOutput(first, [8]), error, done], 0.0)
+    assert outputs.reqs_to_abort == []
+    (final,) = outputs.request_outputs
+    assert final.finished and final.request_id == "p"
+    completions = {c.index: (c.token_ids, c.finish_reason, c.stop_reason) for c in final.outputs}
+    assert completions == {0: ([8], "error", "boom"), 1: ([7], "length", None)}
