@@ -32,7 +32,10 @@ def _one_request(llm, prompt: list[int], output_len: int) -> tuple[float, float]
                        SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True))
     cuda_sync()
     start = time.perf_counter()
-    engine.step()  # the whole prompt fits one step: prefill + first token
+    # The whole prompt fits one step, but with async scheduling that step returns as soon
+    # as it is queued on the device: the first token arrives with a later step's outputs.
+    while not any(out.outputs[0].token_ids for out in engine.step()):
+        pass
     first = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
