@@ -175,6 +175,14 @@ class LLMEngine:
         Which outputs depends on each request's ``output_kind``: a ``FINAL_ONLY``
         request (what ``LLM.generate`` sends) appears once, when it finishes; a
         ``CUMULATIVE`` or ``DELTA`` one appears every step it gains tokens.
+
+        A request that failed inside the step (its logits were not finite, or the step
+        raised) finishes with ``finish_reason="error"`` and the reason in
+        ``stop_reason``; the others are unaffected.
+
+        Raises:
+            EngineDeadError: The engine cannot run any more (its tensor-parallel
+                workers are gone); no request will finish.
         """
         outputs = self.engine_core.get_output()
         if outputs.scheduler_stats is not None:
