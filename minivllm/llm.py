@@ -61,6 +61,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate a completion for each prompt; outputs come back in prompt order.
 
+        A request that fails inside the engine (its logits were not finite, or its
+        step raised) comes back too, finished with ``finish_reason="error"`` and the
+        reason in ``stop_reason``, as upstream; the others are unaffected. Only a dead
+        engine raises (``EngineDeadError``), after aborting this call's requests.
+
         Args:
             prompts: One prompt or a list; a prompt is a string or
                 ``{"prompt_token_ids": [...]}``.
