@@ -181,19 +181,28 @@ async def _run_all(
     observed: dict[int, Observed],
     consume: Any,
     max_in_flight: int,
-    stall_s: float = 300.0,
+    stall_s: float = 60.0,
 ) -> None:
     """Start each request's ``consume(request, reached)`` at its arrival time, at most
     ``max_in_flight`` at once; cancel the odd marked ones once ``reached`` is set (at
     once for ``abort_after == 0``). A request that ends without finishing is aborted; one
-    that raises records the error, as does one not ended after ``stall_s`` seconds."""
+    that raises records the error. When no client receives anything for ``stall_s``
+    seconds the engine is stuck (a leak can leave no block for anyone): every request
+    not ended then ends with the error "stalled" instead of the run hanging."""
     gate = asyncio.Semaphore(max_in_flight)
+    running: set[asyncio.Task] = set()
+    stalled = False
 
     async def one(r: SoakRequest, start: float) -> None:
         await asyncio.sleep(max(0.0, start - time.monotonic()))
         async with gate:
+            obs = observed[r.index]
+            if stalled:
+                obs.error = "stalled: the engine made no progress"
+                return
             reached = asyncio.Event()
             task = asyncio.ensure_future(consume(r, reached))
+            running.add(task)
             if r.abort_after is not None and r.index % 2 == 1:
                 if r.abort_after > 0:
                     waiter = asyncio.ensure_future(reached.wait())
@@ -202,21 +211,40 @@ async def _run_all(
                 else:
                     await asyncio.sleep(0)
                 task.cancel()
-            done, _ = await asyncio.wait({task}, timeout=stall_s)
-            if not done:
-                task.cancel()
-                observed[r.index].error = f"stalled: not ended after {stall_s} s"
             (result,) = await asyncio.gather(task, return_exceptions=True)
-            obs = observed[r.index]
+            running.discard(task)
+            if stalled and not obs.finished:
+                obs.error = "stalled: the engine made no progress"
             if isinstance(result, Exception) and obs.error is None:
                 obs.error = f"{type(result).__name__}: {result}"
             obs.aborted = not obs.finished and obs.error is None
+
+    async def watchdog() -> None:
+        nonlocal stalled
+        last, last_change = -1, time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            progress = sum(
+                len(c.text) + len(c.token_ids or ()) + o.finished
+                for o in observed.values()
+                for c in o.completions.values()
+            )
+            if progress != last or not running:
+                last, last_change = progress, time.monotonic()
+            elif time.monotonic() - last_change > stall_s:
+                stalled = True
+                for task in running:
+                    task.cancel()
 
     t0, starts = time.monotonic(), []
     for r in workload:
         t0 += r.arrival_delay_s
         starts.append(t0)
-    await asyncio.gather(*(one(r, s) for r, s in zip(workload, starts)))
+    guard = asyncio.ensure_future(watchdog())
+    try:
+        await asyncio.gather(*(one(r, s) for r, s in zip(workload, starts)))
+    finally:
+        guard.cancel()
 
 
 async def _settled_stats(llm: Any, timeout_s: float = 30.0) -> Any:

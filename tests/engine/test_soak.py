@@ -25,7 +25,8 @@ from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 def soak_args(model_dir: Path, tmp_path: Path, **overrides) -> argparse.Namespace:
     """``minivllm bench soak``'s options for the tiny model: 8 blocks hold one
-    full-length request, the pool 16, so a busy batch preempts."""
+    full-length request, the pool 24, so a busy batch preempts. The reference runs 64
+    requests at a time (the tiny model's rows are cheap)."""
     parser = argparse.ArgumentParser()
     soak.add_soak_args(parser)
     args = parser.parse_args([])
@@ -34,10 +35,11 @@ def soak_args(model_dir: Path, tmp_path: Path, **overrides) -> argparse.Namespac
         device="cpu",
         num_requests=300,
         max_model_len=128,
-        num_kv_blocks=16,
+        num_kv_blocks=24,
         max_num_seqs=16,
-        max_num_batched_tokens=64,
+        max_num_batched_tokens=128,
         max_in_flight=32,
+        reference_batch=64,
         output=str(tmp_path / "soak.json"),
     )
     for key, value in {**settings, **overrides}.items():
