@@ -128,7 +128,10 @@ def test_duplicate_request_ids_are_refused(engine: AsyncLLM) -> None:
     asyncio.run(run())
 
 
-def test_a_failing_step_fails_every_waiting_request(engine: AsyncLLM, monkeypatch) -> None:
+def test_a_failing_core_fails_every_waiting_request(engine: AsyncLLM, monkeypatch) -> None:
+    # Replacing _process_step whole raises outside the step's own error handling (which
+    # fails only that step's requests: tests/engine/test_isolation*.py), as a bug in
+    # the core would: the core dies and every waiting request gets EngineDeadError.
     def boom(self, *args):
         raise RuntimeError("injected step failure")
 
