@@ -21,15 +21,17 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from minivllm.core.sched_output import SchedulerStats
-from minivllm.entrypoints.openai.server_utils import documented
+from minivllm.entrypoints.openai.server_utils import documented, error_json
+from minivllm.entrypoints.openai.serving_engine import create_error_response
 from minivllm.metrics.loggers import StatLoggerBase
 from minivllm.metrics.stats import IterationStats
 
@@ -242,7 +244,10 @@ async def live_static(name: str) -> Response:
     """The page's script and style sheet (only files shipped in the package)."""
     files = {p.name: p for p in STATIC_DIR.iterdir() if p.suffix in (".js", ".css")}
     if name not in files:
-        return JSONResponse({"error": f"no static file {name!r}"}, status_code=404)
+        error = create_error_response(
+            f"no static file {name!r}", "NotFoundError", HTTPStatus.NOT_FOUND, param="name"
+        )
+        return error_json(error)
     return FileResponse(files[name])
 
 
