@@ -339,16 +339,17 @@ class EngineCore:
         outputs: list[EngineCoreOutput],
         resend_finished: bool,
     ) -> None:
-        """A step raised: fail exactly its requests, unless the workers are gone.
+        """A step raised: fail exactly its requests, unless the executor is broken.
 
         Only the failed step's requests depend on its results, and the scheduler
-        finishes them (``Scheduler.fail_step``); everyone else runs on. With no workers
-        left (``Executor.is_failed``) nothing can run: the engine is dead.
+        finishes them (``Scheduler.fail_step``); everyone else runs on. When the
+        executor cannot run anything any more (``Executor.is_failed``: its workers are
+        gone, or the GPU's context is broken), the engine is dead.
         """
         first_line = str(exc).partition("\n")[0]  # a TP error's traceback follows
         reason = f"{type(exc).__name__}: {first_line}"
         if self.model_executor.is_failed:
-            raise EngineDeadError(f"the model's workers are gone: {reason}") from exc
+            raise EngineDeadError(f"the executor cannot run any more: {reason}") from exc
         failed = self.scheduler.fail_step(scheduler_output, reason, resend_finished)
         logger.error(
             "a step failed; its requests %s finish with an error",

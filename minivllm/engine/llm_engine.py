@@ -182,7 +182,7 @@ class LLMEngine:
 
         Raises:
             EngineDeadError: The engine cannot run any more (its tensor-parallel
-                workers are gone); no request will finish.
+                workers are gone, or the GPU's context is broken).
         """
         outputs = self.engine_core.get_output()
         if outputs.scheduler_stats is not None:

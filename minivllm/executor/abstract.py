@@ -84,12 +84,11 @@ class Executor(ABC):
 
     @property
     def is_failed(self) -> bool:
-        """True once the workers are gone (a process died, ranks fell out of step, or
-        ``shutdown``): no call can succeed any more, so the engine is dead.
+        """True once no call can succeed any more (the workers are gone, or the GPU's
+        context is broken), so the engine is dead.
 
-        A call that merely raised leaves this False: the workers are in step and the
-        engine fails only that step's requests. One process never fails this way.
-        Upstream counterpart: ``MultiprocExecutor.is_failed``.
+        A call that merely raised leaves this False: the engine fails only that step's
+        requests. Upstream counterpart: ``MultiprocExecutor.is_failed``.
         """
         return False
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.executor.abstract import Executor
@@ -40,6 +42,21 @@ class UniProcExecutor(Executor):
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
         """Queue the step on this process's device and return before it finishes."""
         return self.model_runner.execute_model_async(scheduler_output)
+
+    @property
+    def is_failed(self) -> bool:
+        """True once the GPU's context is broken (a device-side assert, an illegal memory
+        access): CUDA then fails every later call, so the engine is dead. Asked only
+        after a step raised; an error that leaves the device usable (out of memory, a
+        bad input) lets the engine fail that step alone."""
+        device = self.model_runner.device
+        if device.type != "cuda":
+            return False
+        try:
+            torch.cuda.synchronize(device)
+        except RuntimeError:
+            return True
+        return False
 
     def collective_rpc(
         self,
