@@ -28,6 +28,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
+    field_validator,
     model_validator,
 )
 
@@ -73,6 +74,38 @@ class OpenAIRequestModel(OpenAIBaseModel):
     """
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        if _has_lone_surrogate(value):
+            raise ValueError("must be valid Unicode text, but holds a lone surrogate (\\ud800...)")
+        return value
+
+
+def _has_lone_surrogate(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` holds a string with a lone UTF-16 surrogate.
+
+    ``"\\ud800"`` is valid JSON, and Python reads it into a ``str`` that is no text: the
+    tokenizer raises ``TypeError`` on it, and so does the UTF-8 encoding of any response
+    that echoes it. Lists of token ids are skipped (their first item is an int), and so
+    is anything nested deeper than a request's fields go (content parts' unknown keys).
+    """
+    if isinstance(value, str):
+        if value.isascii():
+            return False
+        try:
+            value.encode("utf-8")  # in C: a long prompt costs microseconds
+        except UnicodeEncodeError:
+            return True
+        return False
+    if depth >= 4:
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(v, depth + 1) for v in value.values())
+    if isinstance(value, list) and value and not isinstance(value[0], int):
+        return any(_has_lone_surrogate(v, depth + 1) for v in value)
+    return False
 
 
 def _one_of(description: str):

@@ -42,7 +42,8 @@ def documented(ok: type | None = None, stream: bool = False) -> dict[int | str, 
     """
     success: dict[str, Any] = {"model": ok} if ok is not None else {}
     if stream:
-        success["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+        # No schema, as upstream: the events carry JSON chunks and a final "[DONE]".
+        success["content"] = {"text/event-stream": {}}
     return {200: success, "4XX": {"model": ErrorResponse}, 500: {"model": ErrorResponse}}
 
 

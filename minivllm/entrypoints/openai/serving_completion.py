@@ -34,6 +34,7 @@ from minivllm.entrypoints.openai.serving_engine import (
 )
 from minivllm.entrypoints.utils import merge_async_iterators, prepend_async
 from minivllm.outputs import PositionLogprobs, RequestOutput
+from minivllm.sampling_params import _MAX_N as MAX_N_SEQUENCES
 
 ResultStream = AsyncGenerator[tuple[int, RequestOutput], None]
 
@@ -92,7 +93,7 @@ class OpenAIServingCompletion(OpenAIServing):
             return error
         request_id = f"cmpl-{random_uuid()}"
         try:
-            prompts = self._parse_prompts(request.prompt)
+            prompts = self._parse_prompts(request.prompt, request.n)
             params = [
                 request.to_sampling_params(self.max_model_len, len(p["prompt_token_ids"]))
                 for p in prompts
@@ -127,14 +128,25 @@ class OpenAIServingCompletion(OpenAIServing):
             [o for o in final if o is not None], prompts, request, request_id, created
         )
 
-    def _parse_prompts(self, prompt: str | list[Any]) -> list[dict[str, Any]]:
-        """The request's ``prompt`` as engine prompts: one text, texts, ids or lists of ids."""
+    def _parse_prompts(self, prompt: str | list[Any], n: int = 1) -> list[dict[str, Any]]:
+        """The request's ``prompt`` as engine prompts: one text, texts, ids or lists of ids.
+
+        Each prompt becomes ``n`` engine requests; a request may ask for at most as many
+        sequences in all as ``SamplingParams`` allows ``n`` to be (checked before any
+        prompt is tokenized, so a list of a million prompts costs nothing).
+        """
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             items: Sequence[Any] = [prompt]
         else:
             items = prompt
         if not items:
             raise VLLMValidationError("'prompt' is an empty list", "prompt")
+        if len(items) * n > MAX_N_SEQUENCES:
+            raise VLLMValidationError(
+                f"'prompt' has {len(items)} prompts and n={n}: {len(items) * n} sequences, "
+                f"more than the {MAX_N_SEQUENCES} one request may ask for",
+                "prompt",
+            )
         prompts = [self._tokenize_prompt_input(p) for p in items]
         for p in prompts:
             self._validate_prompt_len(p["prompt_token_ids"], "prompt")

@@ -14,14 +14,17 @@ Each response must be:
 Deterministic (``derandomize``: the same examples on every run, no example database)
 and small (a few examples per operation, at most a few tokens per request), so it is a
 regression test of the server's validation, not a search: a bug found once by a long
-run becomes a case in ``test_api_server.py``.
+run becomes a case of its own (``test_server_utils.py``, or ``ODD_BODIES`` below for
+inputs a schema-driven generator rarely reaches).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+import httpx
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -87,7 +90,9 @@ def check_error_object(response: Any) -> None:
     """Every 4xx is ``{"error": {message, type, param, code}}`` naming the bad field."""
     if not 400 <= response.status_code < 500:
         return
-    assert response.headers["content-type"][0].startswith("application/json")
+    content_type = response.headers["content-type"]  # schemathesis: a list of values
+    content_type = content_type[0] if isinstance(content_type, list) else content_type
+    assert content_type.startswith("application/json")
     body = response.json()
     assert set(body) == {"error"}, body
     error = body["error"]
@@ -140,3 +145,38 @@ def test_schema_valid_requests(server, schema) -> None:
 
 def test_schema_invalid_requests(server, schema) -> None:
     _fuzz(server, schema, GenerationMode.NEGATIVE)
+
+
+# Inputs a schema-driven generator rarely reaches: each must be a 400 naming the field,
+# and the server must go on serving.
+ODD_BODIES = [
+    ({"prompt": ["a"] * 16385}, "prompt", "16385 sequences"),  # refused before tokenizing
+    ({"prompt": ["a"] * 8193, "n": 2, "temperature": 1.0}, "prompt", "16386 sequences"),
+    ('{"prompt": ' + "[" * 5000 + "1" + "]" * 5000 + "}", "body", "body"),  # nested too deep
+    ('{"prompt": "\\ud800"}', "prompt", "lone surrogate"),  # valid JSON, not text
+    ('{"prompt": "p", "stop": ["\\udc00"]}', "stop", "lone surrogate"),
+    ('{"prompt": "p", "temperature": NaN}', "temperature", "finite"),
+    ({"prompt": ""}, "prompt", "empty"),
+    ({"prompt": []}, "prompt", "empty"),
+    ({"prompt": [[]]}, "prompt", "empty"),
+    ({"prompt": None}, "prompt", "must be a string"),
+    ("null", "body", "object"),
+    ("[1, 2]", "body", "object"),
+]
+
+
+@pytest.mark.parametrize(("body", "param", "words"), ODD_BODIES)
+def test_odd_inputs_are_refused_cleanly(server, body: Any, param: str, words: str) -> None:
+    content = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(
+        server.url + "/v1/completions",
+        content=content,
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 400, r.text
+    check_error_object(r)
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    ok = httpx.post(server.url + "/v1/completions", json={"prompt": "p", "max_tokens": 1})
+    assert ok.status_code == 200

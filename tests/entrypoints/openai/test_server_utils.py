@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -86,10 +88,16 @@ def test_nested_field_path(client: TestClient) -> None:
         ({"prompt": "p", "stop": [5]}, "stop", "list of strings"),
         ({"prompt": "p", "stop_token_ids": 5}, "stop_token_ids", "valid list"),
         ({"prompt": "p", "stop_token_ids": [True]}, "stop_token_ids[0]", "valid integer"),
+        # Valid JSON escapes that are no text: the tokenizer raised TypeError (a 500).
+        ({"prompt": "\ud800"}, "prompt", "lone surrogate"),
+        ({"prompt": ["ok", "a\udfffb"]}, "prompt", "lone surrogate"),
+        ({"prompt": "p", "model": "m\udc00"}, "model", "lone surrogate"),
     ],
 )
 def test_no_silent_coercion(client: TestClient, body: dict, param: str, words: str) -> None:
-    r = client.post("/v1/completions", json=body, headers=AUTH)
+    # json.dumps escapes a lone surrogate (httpx's json= would fail to encode it).
+    headers = {**AUTH, "Content-Type": "application/json"}
+    r = client.post("/v1/completions", content=json.dumps(body), headers=headers)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["message"].startswith(param.split("[")[0])
