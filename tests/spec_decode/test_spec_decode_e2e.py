@@ -201,3 +201,33 @@ def test_command_line_takes_the_config_as_json() -> None:
     }
     with pytest.raises(SystemExit):
         parser.parse_args(["--speculative-config", "[1, 2]"])
+
+
+def test_engine_core_process_speculates_too(model_dir, llm) -> None:
+    """The server's path: AsyncLLM with the engine core in its own process gets the
+    config across and streams exactly the offline greedy tokens."""
+    import asyncio
+
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.sampling_params import RequestOutputKind
+
+    args = EngineArgs(
+        str(model_dir), dtype="float32", device="cpu", max_model_len=128,
+        speculative_config=ngram(3),
+    )  # fmt: skip
+    engine = AsyncLLM.from_engine_args(args, multiprocess=True)
+    params = SamplingParams(temperature=0.0, max_tokens=30, output_kind=RequestOutputKind.DELTA)
+
+    async def stream() -> list[int]:
+        tokens = []
+        async for out in engine.generate(TEXT_PROMPTS[2], params, "r"):
+            tokens.extend(out.outputs[0].token_ids)
+        return tokens
+
+    try:
+        streamed = asyncio.run(stream())
+    finally:
+        engine.shutdown()
+    expected = llm.generate(TEXT_PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=30))
+    assert streamed == expected[0].outputs[0].token_ids
