@@ -341,7 +341,10 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point for ``python -m minivllm.benchmarks.kernel`` (the CLI calls the same)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_kernel_bench_args(parser)
-    run_kernel_bench(parser.parse_args(argv))
+    try:
+        run_kernel_bench(parser.parse_args(argv))
+    except ValueError as exc:  # one line and exit status 2, as the minivllm command
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
 if __name__ == "__main__":
