@@ -86,8 +86,8 @@ def add_soak_args(parser: argparse.ArgumentParser) -> None:
         "--max-seconds",
         type=float,
         default=None,
-        help="offline engine: stop sending new requests after this long (the requests "
-        "sent finish and are checked; the results count them)",
+        help="stop sending new requests after this many seconds (the requests sent "
+        "finish and are checked; the results count them)",
     )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="auto")
@@ -199,13 +199,13 @@ def run_soak(args: argparse.Namespace, in_thread: bool = False) -> dict[str, Any
     )
     workload = make_workload(args.num_requests, args.seed, shape)
     engine_args = EngineArgs(model=model, **engine_kwargs(args))
+    deadline = time.monotonic() + args.max_seconds if args.max_seconds else None
     print(f"soak: {len(workload)} requests through the {args.engine} engine", flush=True)
     if args.engine == "offline":
         from minivllm.engine.llm_engine import LLMEngine
 
         engine = LLMEngine.from_engine_args(engine_args)
         try:
-            deadline = time.monotonic() + args.max_seconds if args.max_seconds else None
             result = drive_offline(
                 engine, workload, args.seed, args.max_in_flight, deadline=deadline
             )
@@ -213,10 +213,12 @@ def run_soak(args: argparse.Namespace, in_thread: bool = False) -> dict[str, Any
             engine.shutdown()
     elif args.engine == "async":
         result = asyncio.run(
-            _drive_async_llm(engine_args, workload, args.max_in_flight, not in_thread)
+            _drive_async_llm(engine_args, workload, args.max_in_flight, not in_thread, deadline)
         )
     else:
-        result = run_server_soak(model, engine_kwargs(args), workload, args.max_in_flight)
+        result = run_server_soak(
+            model, engine_kwargs(args), workload, args.max_in_flight, args.max_seconds
+        )
     soak_s = time.perf_counter() - t0
     checks = check_against_reference(workload, result, ref_engine, args)
     ref_engine.shutdown()
@@ -228,13 +230,17 @@ def run_soak(args: argparse.Namespace, in_thread: bool = False) -> dict[str, Any
 
 
 async def _drive_async_llm(
-    engine_args: Any, workload: list[SoakRequest], max_in_flight: int, multiprocess: bool = True
+    engine_args: Any,
+    workload: list[SoakRequest],
+    max_in_flight: int,
+    multiprocess: bool = True,
+    deadline: float | None = None,
 ) -> DriverResult:
     from minivllm.engine.async_llm import AsyncLLM
 
     llm = AsyncLLM.from_engine_args(engine_args, multiprocess=multiprocess)
     try:
-        return await drive_async(llm, workload, max_in_flight)
+        return await drive_async(llm, workload, max_in_flight, deadline)
     finally:
         llm.shutdown()
 

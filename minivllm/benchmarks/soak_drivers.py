@@ -141,7 +141,7 @@ def _abort_due(engine: Any, live: dict[str, list], observed: dict[int, Observed]
 
 
 async def drive_async(
-    llm: Any, workload: list[SoakRequest], max_in_flight: int = 64
+    llm: Any, workload: list[SoakRequest], max_in_flight: int = 64, deadline: float | None = None
 ) -> DriverResult:
     """Stream every request of ``workload`` through ``AsyncLLM.generate`` concurrently.
 
@@ -168,7 +168,7 @@ async def drive_async(
         finally:
             await gen.aclose()
 
-    await _run_all(workload, observed, consume, max_in_flight)
+    await _run_all(workload, observed, consume, max_in_flight, deadline=deadline)
     stats = await _settled_stats(llm)
     leaked = round(stats.kv_cache_usage * stats.num_kv_blocks) if stats else -1
     unfinished = (stats.num_running_reqs + stats.num_waiting_reqs) if stats else -1
@@ -182,13 +182,16 @@ async def _run_all(
     consume: Any,
     max_in_flight: int,
     stall_s: float = 60.0,
+    deadline: float | None = None,
 ) -> None:
     """Start each request's ``consume(request, reached)`` at its arrival time, at most
-    ``max_in_flight`` at once; cancel the odd marked ones once ``reached`` is set (at
-    once for ``abort_after == 0``). A request that ends without finishing is aborted; one
-    that raises records the error. When no client receives anything for ``stall_s``
-    seconds the engine is stuck (a leak can leave no block for anyone): every request
-    not ended then ends with the error "stalled" instead of the run hanging."""
+    ``max_in_flight`` at once; cancel the odd marked ones once ``reached`` is set or
+    ``abort_after`` times 20 ms have passed (at once for ``abort_after == 0``). A request
+    that ends without finishing is aborted; one that raises records the error. When no
+    client receives anything for ``stall_s`` seconds the engine is stuck (a leak can
+    leave no block for anyone): every request not ended then ends with the error
+    "stalled" instead of the run hanging. Past ``deadline`` (``time.monotonic()``) no
+    new request starts."""
     gate = asyncio.Semaphore(max_in_flight)
     running: set[asyncio.Task] = set()
     stalled = False
@@ -197,6 +200,8 @@ async def _run_all(
         await asyncio.sleep(max(0.0, start - time.monotonic()))
         async with gate:
             obs = observed[r.index]
+            if deadline is not None and time.monotonic() > deadline:
+                return
             if stalled:
                 obs.error = "stalled: the engine made no progress"
                 return
@@ -206,7 +211,12 @@ async def _run_all(
             if r.abort_after is not None and r.index % 2 == 1:
                 if r.abort_after > 0:
                     waiter = asyncio.ensure_future(reached.wait())
-                    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    # Or after a while: a FINAL_ONLY stream has one output, at its end.
+                    await asyncio.wait(
+                        {task, waiter},
+                        timeout=0.02 * r.abort_after,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
                     waiter.cancel()
                 else:
                     await asyncio.sleep(0)
@@ -292,7 +302,11 @@ def openai_kwargs(r: SoakRequest, model: str) -> dict[str, Any]:
 
 
 async def drive_server(
-    client: Any, model: str, workload: list[SoakRequest], max_in_flight: int = 64
+    client: Any,
+    model: str,
+    workload: list[SoakRequest],
+    max_in_flight: int = 64,
+    deadline: float | None = None,
 ) -> dict[int, Observed]:
     """Stream every request through ``client`` (an ``openai.AsyncOpenAI``) concurrently.
 
@@ -321,5 +335,5 @@ async def drive_server(
         finally:
             await stream.close()
 
-    await _run_all(workload, observed, consume, max_in_flight)
+    await _run_all(workload, observed, consume, max_in_flight, deadline=deadline)
     return observed

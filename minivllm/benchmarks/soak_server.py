@@ -107,9 +107,12 @@ def server_checks(
         after.get("vllm:num_requests_running{}", 0) + after.get("vllm:num_requests_waiting{}", 0)
     )
     stats = {
-        "num_preemptions": after.get("vllm:num_preemptions_total{}"),
-        "prefix_cache_hits": after.get("vllm:prefix_cache_hits_total{}"),
-        "prefix_cache_queries": after.get("vllm:prefix_cache_queries_total{}"),
+        key: int(after.get(f"vllm:{name}_total{{}}", 0) - before.get(f"vllm:{name}_total{{}}", 0))
+        for key, name in (
+            ("num_preemptions", "num_preemptions"),
+            ("prefix_cache_hits", "prefix_cache_hits"),
+            ("prefix_cache_queries", "prefix_cache_queries"),
+        )
     }
     server = {
         "health_status": health,
@@ -127,6 +130,7 @@ async def soak_server(
     max_in_flight: int = 64,
     model: str = MODEL_NAME,
     api_key: str = "none",
+    deadline: float | None = None,
 ) -> DriverResult:
     """Run ``workload`` against the server at ``url`` and check it afterwards."""
     import openai
@@ -135,7 +139,7 @@ async def soak_server(
     async with openai.AsyncOpenAI(
         base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=600
     ) as client:
-        observed = await drive_server(client, model, workload, max_in_flight)
+        observed = await drive_server(client, model, workload, max_in_flight, deadline)
     return await asyncio.to_thread(server_checks, url, before, workload, observed, num_kv_blocks)
 
 
@@ -194,14 +198,22 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log: Path)
 
 
 def run_server_soak(
-    model: str, engine_kwargs: dict[str, Any], workload: list[SoakRequest], max_in_flight: int
+    model: str,
+    engine_kwargs: dict[str, Any],
+    workload: list[SoakRequest],
+    max_in_flight: int,
+    max_seconds: float | None = None,
 ) -> DriverResult:
-    """Start a server with ``engine_kwargs``, soak it, stop it."""
+    """Start a server with ``engine_kwargs``, soak it (sending no new request after
+    ``max_seconds``), stop it."""
     try:
         import openai  # noqa: F401
     except ImportError as exc:
         raise ValueError("--engine server needs the openai package: pip install openai") from exc
     with serve(model, engine_kwargs) as url:
+        deadline = time.monotonic() + max_seconds if max_seconds else None
         return asyncio.run(
-            soak_server(url, workload, engine_kwargs["num_kv_blocks"], max_in_flight)
+            soak_server(
+                url, workload, engine_kwargs["num_kv_blocks"], max_in_flight, deadline=deadline
+            )
         )
