@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from minivllm.benchmarks.common import environment, write_json
+from minivllm.benchmarks.common import default_output, environment, write_json
 from minivllm.benchmarks.soak_check import TIE_LOGPROBS, classify, matches, reference_key
 from minivllm.benchmarks.soak_check import run_reference as _run_reference
 from minivllm.benchmarks.soak_drivers import DriverResult, drive_async, drive_offline
 from minivllm.benchmarks.soak_server import run_server_soak
 from minivllm.benchmarks.soak_workload import SoakRequest, WorkloadShape, make_workload
 
-DEFAULT_OUTPUT = "bench-results/soak.json"
+DEFAULT_OUTPUT = default_output("soak.json")
 
 
 def add_soak_args(parser: argparse.ArgumentParser) -> None:
