@@ -98,6 +98,25 @@ def add_soak_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse out-of-range options before any engine is built (the engine's own
+    arguments are checked by ``EngineArgs``).
+
+    Raises:
+        ValueError: Naming the option and its value.
+    """
+    for name in ("num_requests", "max_in_flight", "reference_batch"):
+        value = getattr(args, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
+    if not 0.0 <= args.abort_rate <= 1.0:
+        raise ValueError(f"--abort-rate must be in [0, 1], got {args.abort_rate}")
+    if not args.tie_tolerance >= 0.0:
+        raise ValueError(f"--tie-tolerance must be >= 0, got {args.tie_tolerance}")
+    if args.max_seconds is not None and not args.max_seconds > 0:
+        raise ValueError(f"--max-seconds must be > 0, got {args.max_seconds}")
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The engine arguments of the soaked engine."""
     return dict(
@@ -191,6 +210,7 @@ def run_soak(args: argparse.Namespace, in_thread: bool = False) -> dict[str, Any
     from minivllm.demo import demo_model_path
     from minivllm.engine.arg_utils import EngineArgs
 
+    check_args(args)
     model = args.model or str(demo_model_path())
     t0 = time.perf_counter()
     ref_engine = reference_engine(model, args)

@@ -162,3 +162,20 @@ def test_delta_text_with_stop_strings_longer_than_the_text() -> None:
 def test_bad_abort_rate_is_refused(abort_rate) -> None:
     with pytest.raises(ValueError, match="abort_rate"):
         make_workload(10, 0, WorkloadShape(512, 128, abort_rate=abort_rate))
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--num-requests", "0"),
+        ("--abort-rate", "nan"),
+        ("--reference-batch", "0"),
+        ("--tie-tolerance", "-1"),
+        ("--max-seconds", "0"),
+    ],
+)
+def test_bench_soak_refuses_bad_options_before_loading(flag, value, capsys) -> None:
+    from minivllm.cli import main
+
+    assert main(["bench", "soak", flag, value, "--model", "/nonexistent"]) == 2
+    assert f"minivllm: error: {flag} must be" in capsys.readouterr().err
