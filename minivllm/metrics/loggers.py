@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from minivllm.core.sched_output import SchedulerStats
 from minivllm.metrics.stats import IterationStats
+from minivllm.spec_decode.metrics import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +171,10 @@ class LoggingStatLogger(StatLoggerBase):
         parts.append(f"Prefix cache hit rate: {100 * (s.prefix_cache_hit_rate if s else 0.0):.1f}%")
         line = f"Engine {self.engine_index:03d}: " + ", ".join(parts)
         logger.log(logging.DEBUG if idle else logging.INFO, line)
+        spec = s.spec_decoding_stats if s else None
+        if spec is not None and spec.num_drafts and not idle:
+            # Upstream's second line, here since start rather than over the interval.
+            logger.info("Engine %03d: %s", self.engine_index, spec.summary())
         self._reset(now)
         return line
 
@@ -253,6 +258,8 @@ class PrometheusStatLogger(StatLoggerBase):
         self.hist_request_time = {
             key: self._histogram(name, doc, REQUEST_LATENCY_BUCKETS) for key, name, doc in phases
         }
+        spec = getattr(vllm_config, "speculative_config", None)
+        self.spec_decode = None if spec is None else SpecDecodeCounters(self, spec)
 
     def _gauge(self, name: str, doc: str) -> Any:
         return Gauge(name, doc, labelnames=["model_name"], registry=self.registry
@@ -282,6 +289,8 @@ class PrometheusStatLogger(StatLoggerBase):
             self.counter_preemptions.inc(preemptions)
             self.counter_prefix_cache_queries.inc(queries)
             self.counter_prefix_cache_hits.inc(hits)
+            if self.spec_decode is not None and scheduler_stats.spec_decoding_stats is not None:
+                self.spec_decode.record(scheduler_stats.spec_decoding_stats)
         if iteration_stats is None:
             return
         it = iteration_stats
@@ -327,3 +336,45 @@ class StatLoggerManager:
         """Let every logger write its periodic output."""
         for stat_logger in self.loggers:
             stat_logger.log()
+
+
+class SpecDecodeCounters:
+    """Upstream's speculative-decoding counters (``SpecDecodingProm`` in
+    ``vllm/v1/spec_decode/metrics.py``), fed from the scheduler's since-start totals.
+
+    Registered only when the engine speculates, as upstream. The acceptance rate is
+    ``rate(vllm:spec_decode_num_accepted_tokens_total) /
+    rate(vllm:spec_decode_num_draft_tokens_total)`` in PromQL.
+    """
+
+    FIELDS = (
+        ("num_drafts", "Number of spec decoding drafts."),
+        ("num_draft_tokens", "Number of draft tokens."),
+        ("num_accepted_tokens", "Number of accepted tokens."),
+    )
+
+    def __init__(self, parent: PrometheusStatLogger, spec_config: Any) -> None:
+        self.counters = {
+            name: parent._counter(f"vllm:spec_decode_{name}", doc) for name, doc in self.FIELDS
+        }
+        per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labelnames=["model_name", "position"],
+            registry=parent.registry,
+        )
+        self.per_pos = [
+            per_pos.labels(parent.model_name, str(pos))
+            for pos in range(spec_config.num_speculative_tokens)
+        ]
+        self.last: SpecDecodingStats | None = None
+
+    def record(self, stats: SpecDecodingStats) -> None:
+        """Add what the totals gained since the previous snapshot."""
+        last = self.last or SpecDecodingStats(stats.num_spec_tokens)
+        for name, counter in self.counters.items():
+            counter.inc(max(0, getattr(stats, name) - getattr(last, name)))
+        for pos, counter in enumerate(self.per_pos):
+            now, before = stats.num_accepted_tokens_per_pos, last.num_accepted_tokens_per_pos
+            counter.inc(max(0, now[pos] - before[pos]))
+        self.last = stats
