@@ -38,10 +38,10 @@ def ngram(k: int) -> dict:
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
     path = make_tiny_model("qwen3", tmp_path_factory.mktemp("qwen3"))
-    # The engine-vs-HF prompts cut to 48 tokens (the long ones still share a prefix).
+    # The engine-vs-HF prompts cut to 40 tokens (the long ones still share a prefix).
     prompts, max_tokens = _workload(seed=3, shared_prefix=True)
-    prompts = [p[:48] for p in prompts] + REPEATS
-    max_tokens = [n + 8 for n in max_tokens] + [32, 32, 32]
+    prompts = [p[:40] for p in prompts] + REPEATS
+    max_tokens = [*max_tokens, 24, 24, 24]
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in max_tokens]
     reference = _generate(path, prompts, params)
     return path, prompts, params, reference
