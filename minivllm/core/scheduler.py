@@ -384,7 +384,7 @@ class Scheduler:
         for rid, drafts in draft_token_ids.items():
             request = self.requests.get(rid)
             if request is not None and request.status == RequestStatus.RUNNING:
-                left = request.max_tokens - request.num_output_tokens - 1
+                left = max(0, request.max_tokens - request.num_output_tokens - 1)
                 request.spec_token_ids = list(drafts[: min(self.num_speculative_tokens, left)])
 
     def keeps_token(self, request: Request) -> bool:

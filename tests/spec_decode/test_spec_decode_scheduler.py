@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -158,3 +159,43 @@ def test_speculation_changes_nothing_and_leaks_no_block(w: Workload) -> None:
             assert with_spec[rid] == tokens and without[rid] == tokens
         else:  # aborted somewhere: whatever it produced is a prefix of the real output
             assert tokens[: len(with_spec[rid])] == with_spec[rid]
+
+
+def _one_running_request(max_tokens: int, k: int = 4) -> tuple[Scheduler, Request]:
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=48)
+    sched = Scheduler(config, KVCacheManager(32, 4, True), num_speculative_tokens=k)
+    request = make_request(sched, "r", [1, 2, 3], max_tokens=max_tokens, eos=EOS)
+    sched.add_request(request)
+    run_step(sched, sched.schedule())  # the prefill samples the first token
+    return sched, request
+
+
+def test_drafts_are_capped_by_k_and_by_what_max_tokens_leaves() -> None:
+    sched, request = _one_running_request(max_tokens=10)
+    sched.update_draft_token_ids({"r": [1, 2, 3, 1, 2, 3], "gone": [5]})
+    assert request.spec_token_ids == [1, 2, 3, 1]  # k = 4; an unknown id is ignored
+    sched, request = _one_running_request(max_tokens=3)
+    sched.update_draft_token_ids({"r": [1, 2, 3]})
+    assert request.spec_token_ids == [1]  # one output, two left: one draft can matter
+    out = sched.schedule()
+    assert out.scheduled_spec_decode_tokens == {"r": [1]}
+    assert out.scheduled[0].num_scheduled_tokens == 2
+    assert request.spec_token_ids == []  # each step's drafts are proposed afresh
+
+
+def test_accepted_counts_are_checked_before_anything_changes() -> None:
+    sched, request = _one_running_request(max_tokens=10)
+    sched.update_draft_token_ids({"r": [5, 6]})
+    out = sched.schedule()
+    computed = request.num_computed_tokens
+    with pytest.raises(ValueError, match="num_accepted_tokens was not given"):
+        sched.update_from_output(out, [7])
+    with pytest.raises(ValueError, match="3 drafts accepted out of 2"):
+        sched.update_from_output(out, [7], num_accepted_tokens=[3])
+    assert request.num_computed_tokens == computed and request.output_token_ids != []
+    # One of the two drafts accepted: the second draft's position is given back.
+    before = list(request.output_token_ids)
+    sched.update_from_output(out, [7], num_accepted_tokens=[1])
+    assert request.output_token_ids == [*before, 5, 7]
+    assert request.num_computed_tokens == computed - 1 == request.num_tokens - 1
+    assert sched.spec_decoding_stats.num_accepted_tokens_per_pos == [1, 0, 0, 0]
