@@ -192,7 +192,10 @@ class AsyncLLM:
         """Abort requests (an ``n > 1`` request with all its samples); unknown ids are
         ignored."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        to_abort = self.output_processor.abort_requests(ids)
+        stats = IterationStats()
+        to_abort = self.output_processor.abort_requests(ids, stats)
+        if stats.finished_requests:
+            self._record_stats(None, stats)  # request_success{finished_reason="abort"}
         if to_abort and self._dead_error is None:
             await self.engine_core.abort_requests_async(to_abort)
 

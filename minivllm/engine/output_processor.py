@@ -293,14 +293,20 @@ class OutputProcessor:
         """True while any request awaits outputs."""
         return bool(self.request_states)
 
-    def abort_requests(self, request_ids: list[str] | set[str]) -> list[str]:
+    def abort_requests(
+        self, request_ids: list[str] | set[str], iteration_stats: IterationStats | None = None
+    ) -> list[str]:
         """Forget requests (a parent id covers its children); return the ids to abort
-        in the core."""
+        in the core. With ``iteration_stats``, each one is recorded as finished with reason
+        ``abort``, so the metrics count requests their clients gave up on."""
         ids = set(request_ids)
         to_abort = []
         for rid, state in list(self.request_states.items()):
             if rid in ids or (state.parent is not None and state.parent.request_id in ids):
-                del self.request_states[rid]
+                if iteration_stats is not None:
+                    self._finish(state, FinishReason.ABORT, iteration_stats)
+                else:
+                    del self.request_states[rid]
                 to_abort.append(rid)
         return to_abort
 
