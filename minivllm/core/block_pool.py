@@ -147,6 +147,12 @@ class BlockPool:
         block.block_hash = None
         self._record("evict", block.block_id)
 
+    def uncache_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop ``blocks`` from the prefix-cache index at once: their K/V cannot be
+        trusted (the step that was to write them failed). They stay allocated."""
+        for block in blocks:
+            self._maybe_evict_cached_block(block)
+
     def touch(self, blocks: Iterable[KVCacheBlock], request_id: str | None = None) -> None:
         """Add a holder to each of ``blocks`` (prefix-cache hits for a request).
 

@@ -257,16 +257,21 @@ class KVCacheManager:
         )
         self.num_cached_block[req_id] = num_full_blocks
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, uncache: bool = False) -> None:
         """Release all blocks of ``request`` (finished, aborted or preempted).
 
         Blocks are freed last-first so that, among them, the end of the prefix chain is
         evicted first. A request that holds nothing is fine (aborted before admission).
+        ``uncache``: the request failed inside a step, so its blocks' K/V may never have
+        been written (blocks are indexed when allocated, before the step runs); the
+        blocks only it holds leave the prefix-cache index, so nobody hits them.
         """
         req_id = request.request_id
         blocks = self.req_to_blocks.pop(req_id, [])
         self.req_to_block_ids.pop(req_id, None)
         self.num_cached_block.pop(req_id, None)
+        if uncache:
+            self.block_pool.uncache_blocks(b for b in blocks if b.ref_cnt == 1)
         self.block_pool.free_blocks(reversed(blocks), req_id)
 
     def get_block_ids(self, request_id: str) -> list[int]:

@@ -469,8 +469,10 @@ class Scheduler:
         return failed
 
     def _free_request(self, request: Request) -> None:
-        """Release a finished request's blocks and forget it."""
-        self.kv_cache_manager.free(request)
+        """Release a finished request's blocks and forget it (a failed request's blocks
+        leave the prefix cache: their K/V may be wrong or missing)."""
+        failed = request.status == RequestStatus.FINISHED_ERROR
+        self.kv_cache_manager.free(request, uncache=failed)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 

@@ -11,6 +11,7 @@ from tests.core.test_scheduler import (
     add,
     assert_pool_consistent,
     fake_next_token,
+    make_request,
     make_scheduler,
     step,
 )
@@ -93,3 +94,39 @@ def test_a_reused_id_is_not_failed_by_an_old_step() -> None:
     second = add(sched, "x", 4, max_tokens=3)
     assert sched.fail_step(out, "late failure", resend_finished=False) == []
     assert second.status == RequestStatus.WAITING
+
+
+def test_a_failed_requests_blocks_leave_the_prefix_cache() -> None:
+    """Blocks are indexed when allocated, before the step writes them: after a failed
+    step a request with the same prompt must not hit them."""
+    sched = make_scheduler()
+    kv = sched.kv_cache_manager
+    shared = [1, 2, 3, 4]  # one full block of 4
+    add(sched, "first", [*shared, 9, 9, 9, 9, 5])
+    step(sched)  # "first" computed both its full blocks in a good step
+    add(sched, "second", [*shared, 6, 6, 6, 6, 7])  # hits the shared block
+    out = sched.schedule()
+    assert [s.request_id for s in out.scheduled] == ["first", "second"]
+    sched.fail_step(out, "boom", resend_finished=False)
+    for prompt in ([*shared, 9, 9, 9, 9, 5], [*shared, 6, 6, 6, 6, 8]):
+        _, num_hit = kv.get_computed_blocks(make_request(sched, "probe", prompt))
+        assert num_hit == 0  # every holder failed: nothing of theirs is trusted
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_a_failed_row_keeps_a_block_a_live_request_holds() -> None:
+    """Only the failed request's own blocks leave the index; one it shares with a live
+    request (written by an earlier, good step) stays a prefix-cache hit."""
+    sched = make_scheduler()
+    kv = sched.kv_cache_manager
+    shared = [1, 2, 3, 4]
+    add(sched, "live", [*shared, 9, 9, 9, 9, 5], max_tokens=6)
+    step(sched)
+    add(sched, "bad", [*shared, 6, 6, 6, 6, 7])
+    out = sched.schedule()
+    tokens = {s.request_id: fake_next_token(s.request) for s in out.sampling_requests()}
+    sched.update_from_output(out, tokens, {"bad": "logits not finite"})
+    _, hit_shared = kv.get_computed_blocks(make_request(sched, "p1", [*shared, 6, 6, 6, 6, 8]))
+    assert hit_shared == 4  # the shared block, not bad's own second block
+    _run_to_end(sched)
+    assert kv.num_free_blocks == kv.num_blocks

@@ -283,3 +283,20 @@ def test_a_failed_sample_offline_is_an_output_with_finish_reason_error() -> None
     assert final.finished and final.request_id == "p"
     completions = {c.index: (c.token_ids, c.finish_reason, c.stop_reason) for c in final.outputs}
     assert completions == {0: ([8], "error", "boom"), 1: ([7], "length", None)}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_failed_prefill_leaves_no_block_in_the_prefix_cache(
+    model_path, solo, monkeypatch, async_scheduling: bool
+) -> None:
+    """The prefix cache indexes a block when it is allocated, before the step writes its
+    K/V; a step that failed may never have written it. The same prompt again must be
+    computed afresh, not served from those blocks."""
+    engine = _engine(model_path, async_scheduling)
+    FailOnce(monkeypatch, ModelRunner, "execute_model_async")
+    rid = _add(engine, GOOD[2])  # 8 tokens: two full blocks of 4
+    assert _run(engine)[rid].outputs[0].finish_reason == "error"
+    again = _add(engine, GOOD[2])
+    out = _run(engine)[again]
+    assert out.num_cached_tokens == 0
+    assert out.outputs[0].token_ids == solo[tuple(GOOD[2])]
