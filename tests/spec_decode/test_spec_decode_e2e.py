@@ -132,7 +132,10 @@ def test_n_greater_than_one_with_seeds_is_reproducible(model_dir) -> None:
     assert spec.llm_engine.stats.spec_decoding_stats.num_drafts > 0
 
 
-def test_speculation_is_off_for_requests_with_logprobs(model_dir) -> None:
+def test_requests_with_logprobs_are_not_speculated(model_dir, llm) -> None:
+    """A request that wants logprobs decodes one token per step, also when it shares a
+    verification step with a speculating request, and gets the logprobs it gets
+    without speculation."""
     spec = LLM(
         str(model_dir),
         dtype="float32",
@@ -140,10 +143,22 @@ def test_speculation_is_off_for_requests_with_logprobs(model_dir) -> None:
         max_model_len=128,
         speculative_config=ngram(3),
     )
-    out = spec.generate(TEXT_PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=12, logprobs=2))
-    completion = out[0].outputs[0]
-    assert len(completion.logprobs) == len(completion.token_ids) == 12
-    assert spec.llm_engine.stats.spec_decoding_stats.num_drafts == 0
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=12, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=24),
+    ]
+    got = spec.generate(TEXT_PROMPTS[:2], params, use_tqdm=False)
+    expected = llm.generate(TEXT_PROMPTS[:2], params, use_tqdm=False)
+    assert _summary(got) == _summary(expected)
+    with_logprobs, reference = got[0].outputs[0], expected[0].outputs[0]
+    assert len(with_logprobs.logprobs) == len(with_logprobs.token_ids) == 12
+    for position, ref in zip(with_logprobs.logprobs, reference.logprobs, strict=True):
+        assert position.keys() == ref.keys()
+        for token, entry in position.items():
+            assert entry.logprob == pytest.approx(ref[token].logprob, abs=1e-4)
+            assert entry.rank == ref[token].rank
+    assert got[0].metrics.num_draft_tokens == 0
+    assert got[1].metrics.num_draft_tokens > 0  # its neighbour did speculate
 
 
 @pytest.mark.parametrize(
