@@ -50,9 +50,14 @@ def metrics(server) -> dict[str, float]:
 
 
 def ended(server) -> float:
-    """Requests that ran to a stop condition or their length (an abort is not counted)."""
+    """Requests that ran to a stop condition or their length."""
     m = metrics(server)
     return sum(m[f"vllm:request_success_total{{finished_reason={r}}}"] for r in ("stop", "length"))
+
+
+def aborted(server) -> float:
+    """Requests aborted, a client's leaving included."""
+    return metrics(server)["vllm:request_success_total{finished_reason=abort}"]
 
 
 def generated(server) -> float:
@@ -154,7 +159,8 @@ def test_stalled_bodies_do_not_block_others(server) -> None:
 
 def test_a_stream_nobody_reads_stalls_only_itself(server) -> None:
     wait_idle(server)
-    ended_before, generated_before = ended(server), generated(server)
+    ended_before, aborted_before = ended(server), aborted(server)
+    generated_before = generated(server)
     stuck = connect(server, rcvbuf=1024)
     stuck.sendall(request_bytes({**LONG_STREAM, "stream": True}))
     try:
@@ -175,6 +181,7 @@ def test_a_stream_nobody_reads_stalls_only_itself(server) -> None:
     stuck_tokens = generated(server) - generated_before - others
     ran_out = stuck_tokens == LONG_STREAM["max_tokens"]
     assert ended(server) - ended_before == 8 + ran_out
+    assert aborted(server) - aborted_before == (not ran_out)
     if far_from_done:  # the stuck client left first: its request was aborted, not run out
         assert not ran_out
     assert asyncio.run(serve_others(server, 1))[0][0]
