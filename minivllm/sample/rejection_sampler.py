@@ -210,8 +210,8 @@ def requests_finite(logits: torch.Tensor, metadata: SpecDecodeMetadata) -> torch
     cu = metadata.cu_num_sampled_tokens
     num_rows = torch.diff(cu, prepend=cu.new_zeros(1))
     request_of_row = torch.repeat_interleave(
-        torch.arange(len(num_rows), device=cu.device), num_rows
-    )
+        torch.arange(len(num_rows), device=cu.device), num_rows, output_size=logits.shape[0]
+    )  # output_size: the host knows it, so the device need not be asked
     bad = torch.zeros(len(num_rows), dtype=torch.long, device=logits.device)
     return bad.index_add_(0, request_of_row, bad_rows) == 0
 

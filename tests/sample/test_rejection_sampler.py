@@ -331,3 +331,17 @@ def test_last_tokens_split_the_grid_per_request() -> None:
     raw = logits.log_softmax(dim=-1)
     expected = [raw[2, 6], raw[4, 3], raw[7, 7]]  # the rows that emitted them
     torch.testing.assert_close(logprobs.logprobs[:, 0], torch.stack(expected))
+
+
+def test_a_request_with_a_non_finite_row_is_flagged_alone() -> None:
+    drafts = [[1, 2], [3], []]
+    metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, CPU)
+    logits = greedy_logits([1, 2, 0, 3, 4, 5])
+    logits[1, 4] = float("nan")  # request 0's second draft row
+    logits[5] = float("-inf")  # request 2's only row: nothing can be sampled
+    md = SamplingMetadata(temperature=None, all_greedy=True, all_random=False)
+    out = RejectionSampler(Sampler())(metadata, None, logits, md)
+    assert out.logits_finite is not None
+    assert out.logits_finite.tolist() == [False, True, False]
+    # The healthy request's tokens are what they would be alone.
+    assert RejectionSampler.parse_output(out.sampled_token_ids)[0][1] == [3, 4]
