@@ -20,7 +20,12 @@ from typing import Any
 
 import torch
 
-from minivllm.benchmarks.common import environment, make_random_checkpoint, write_json
+from minivllm.benchmarks.common import (
+    default_output,
+    environment,
+    make_random_checkpoint,
+    write_json,
+)
 from minivllm.benchmarks.throughput import DEFAULT_CHECKPOINT
 
 
@@ -72,7 +77,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--max-token-id", type=int, default=10000, help="prompt ids in [0, N]")
-    parser.add_argument("--output", default="docs/benchmarks/tensor_parallel_equivalence.json")
+    parser.add_argument("--output", default=default_output("tensor_parallel_equivalence.json"))
     args = parser.parse_args()
     path = args.model or str(make_random_checkpoint(Path(DEFAULT_CHECKPOINT)))
     rng = random.Random(0)
