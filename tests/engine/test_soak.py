@@ -103,9 +103,9 @@ def test_a_leak_is_caught(model_dir, tmp_path, monkeypatch) -> None:
     """Blocks of aborted requests never given back: the soak reports them and fails."""
     free = KVCacheManager.free
 
-    def free_unless_aborted(self, request) -> None:
+    def free_unless_aborted(self, request, *args, **kwargs) -> None:
         if request.status.name != "FINISHED_ABORTED":
-            free(self, request)
+            free(self, request, *args, **kwargs)
 
     monkeypatch.setattr(KVCacheManager, "free", free_unless_aborted)
     out = soak.run_soak(soak_args(model_dir, tmp_path, num_requests=60, abort_rate=0.5))
