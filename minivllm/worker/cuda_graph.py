@@ -125,7 +125,7 @@ class CUDAGraphRunner:
         # Keyed by (is_prefill, size): size is sequences for decode, tokens for prefill.
         self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self.num_replays = {"decode": 0, "prefill": 0}  # read by tests and the tracer
+        self.num_replays = {"decode": 0, "prefill": 0}  # tests read it: which graphs ran
 
     def _prefill_seqs(self, num_tokens: int) -> int:
         """Sequences a prefill graph of ``num_tokens`` is captured for: every sequence of
