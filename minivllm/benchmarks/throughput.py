@@ -18,7 +18,7 @@ from minivllm.benchmarks.common import (
     timed,
     write_json,
 )
-from minivllm.benchmarks.roofline import decode_roofline
+from minivllm.benchmarks.roofline import Roofline, decode_roofline
 from minivllm.benchmarks.workloads import Workload, throughput_workload
 
 DEFAULT_CHECKPOINT = "/tmp/minivllm-bench/qwen3-0.6b-random"
@@ -111,6 +111,14 @@ def _weights_and_kv_spec(runner) -> tuple[int, Any]:
     return weights, runner.kv_spec
 
 
+def workload_roofline(llm, workload: Workload, copy_bandwidth: float) -> Roofline:
+    """The decode roofline of ``workload`` for ``llm``'s model (one rank: the model must
+    be in this process)."""
+    weights, spec = llm.collective_rpc(_weights_and_kv_spec)[0]
+    kv_bytes_per_token = spec.page_size_bytes * spec.num_layers // spec.block_size
+    return decode_roofline(workload, weights, kv_bytes_per_token, copy_bandwidth)
+
+
 def engine_figures(llm) -> dict[str, Any]:
     """The engine's own counters after a run."""
     s = llm.llm_engine.stats
@@ -155,9 +163,7 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
         write_json(Path(args.output), result)
         llm.shutdown()
         return result
-    weights, spec = llm.collective_rpc(_weights_and_kv_spec)[0]
-    roof = decode_roofline(workload, weights, spec.page_size_bytes * spec.num_layers
-                           // spec.block_size, bw)
+    roof = workload_roofline(llm, workload, bw)
     result["roofline"] = vars(roof)
     mini["fraction_of_roofline"] = mini["output_tokens_per_s"] / roof.max_output_tokens_per_s
     mini["sampled"]["fraction_of_roofline"] = (

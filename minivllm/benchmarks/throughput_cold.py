@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from minivllm.benchmarks.common import cuda_sync, environment, measure_copy_bandwidth, write_json
-from minivllm.benchmarks.roofline import decode_roofline
 from minivllm.benchmarks.throughput import (
     SAMPLED_TEMPERATURE,
     build_llm,
     checkpoint_path,
     generate_workload,
+    workload_roofline,
 )
 from minivllm.benchmarks.workloads import throughput_workload
 
@@ -105,13 +105,8 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
     llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=8),
                  use_tqdm=False)
     roof = None
-    if args.tensor_parallel_size == 1:
-        from minivllm.benchmarks.throughput import _weights_and_kv_spec
-
-        weights, spec = llm.collective_rpc(_weights_and_kv_spec)[0]
-        roof = decode_roofline(workload, weights,
-                               spec.page_size_bytes * spec.num_layers // spec.block_size,
-                               measure_copy_bandwidth())
+    if args.tensor_parallel_size == 1:  # with TP the model is in the workers
+        roof = workload_roofline(llm, workload, measure_copy_bandwidth())
     result["roofline"] = None if roof is None else vars(roof)
     runs = (("first_run", SAMPLED_TEMPERATURE), ("second_run", SAMPLED_TEMPERATURE),
             ("greedy_run", 0.0))

@@ -158,7 +158,7 @@ class CUDAGraphRunner:
         keys += [(False, bs) for bs in self.capture_sizes]
         for is_prefill, size in sorted(keys, key=lambda k: -k[1]):
             if is_prefill:  # one sequence of every token (reading block 0), empty ones after
-                self.query_start_loc[1:].fill_(size)
+                self.query_start_loc[1] = size
                 self.seq_lens[0] = size
                 self._set_prefill_layout(size, size, 1)
             else:
