@@ -9,6 +9,8 @@ field here is final and checked.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -131,29 +133,45 @@ class SpeculativeConfig:
     """Speculative decoding: who drafts, and how many tokens per step.
 
     Upstream counterpart: ``vllm/config/speculative.py`` (``SpeculativeConfig``), with
-    its names. minivllm builds the n-gram (prompt lookup) proposer only.
+    its names. minivllm builds the n-gram (prompt lookup) and the draft-model proposers.
 
     Attributes:
-        method: ``"ngram"``.
+        method: ``"ngram"`` or ``"draft_model"``.
         num_speculative_tokens: ``k``, the most drafts per request and step.
         prompt_lookup_min: Shortest suffix n-gram matched (upstream's default: equal to
-            ``prompt_lookup_max``, or 5 when neither is given).
-        prompt_lookup_max: Longest suffix n-gram matched.
+            ``prompt_lookup_max``, or 5 when neither is given); n-gram only.
+        prompt_lookup_max: Longest suffix n-gram matched; n-gram only.
+        model: The draft model's folder (``config.json`` + ``*.safetensors``); draft
+            model only. It must share the target's vocabulary.
+        draft_model_config: The draft's resolved ``ModelConfig``, filled in by
+            ``EngineArgs`` once the target's is known (not a user key).
     """
 
     method: str = "ngram"
     num_speculative_tokens: int = 0
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    model: str | None = None
+    draft_model_config: ModelConfig | None = field(default=None, repr=False)
 
-    METHODS: ClassVar[tuple[str, ...]] = ("ngram",)
+    METHODS: ClassVar[tuple[str, ...]] = ("ngram", "draft_model")
+    # Filled in by the engine, never given by the user.
+    _DERIVED: ClassVar[frozenset[str]] = frozenset({"draft_model_config"})
 
     def __post_init__(self) -> None:
         """Check every field and fill in upstream's prompt-lookup defaults."""
         if self.method not in self.METHODS:
             raise ValueError(
                 f"speculative_config: method must be one of {list(self.METHODS)}, got "
-                f"{self.method!r} (minivllm builds the n-gram proposer only)"
+                f"{self.method!r}"
+            )
+        if self.method == "draft_model":
+            self._check_draft_model_fields()
+            return
+        if self.model is not None:
+            raise ValueError(
+                "speculative_config: model names a draft model; it needs "
+                f"method='draft_model' (got method={self.method!r})"
             )
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             value = getattr(self, name)
@@ -178,7 +196,7 @@ class SpeculativeConfig:
         """Build from ``LLM(speculative_config={...})``, naming any unknown key."""
         if not isinstance(values, Mapping):
             raise ValueError(f"speculative_config must be a dict, got {type(values).__name__}")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - cls._DERIVED
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(
@@ -187,6 +205,76 @@ class SpeculativeConfig:
         if "num_speculative_tokens" not in values:
             raise ValueError("speculative_config: num_speculative_tokens is required")
         return cls(**values)
+
+    def _check_draft_model_fields(self) -> None:
+        """``model`` is a folder with a config and safetensors weights; no n-gram keys."""
+        if type(self.num_speculative_tokens) is not int or self.num_speculative_tokens < 1:
+            raise ValueError(
+                "speculative_config: num_speculative_tokens must be a positive integer, got "
+                f"{self.num_speculative_tokens!r}"
+            )
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"speculative_config: {name} applies to method='ngram' only, not to "
+                    "method='draft_model'"
+                )
+        if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
+            raise ValueError(
+                "speculative_config: model (the draft model's folder) is required with "
+                f"method='draft_model', got {self.model!r}"
+            )
+        self.model = os.fspath(self.model)
+        if not os.path.isdir(self.model):
+            raise ValueError(f"speculative_config: model {self.model!r} is not a folder")
+        if not os.path.isfile(os.path.join(self.model, "config.json")):
+            raise ValueError(
+                f"speculative_config: model folder {self.model!r} has no config.json"
+            )
+        if not any(
+            n.endswith((".safetensors", ".safetensors.index.json")) for n in os.listdir(self.model)
+        ):
+            raise ValueError(
+                f"speculative_config: model folder {self.model!r} holds no *.safetensors "
+                "weights (minivllm loads safetensors checkpoints only)"
+            )
+
+    def verify_equal_vocab(self, target: ModelConfig) -> None:
+        """The draft proposes token ids the target verifies: both must mean the same text
+        by the same id. Compares the vocabulary sizes and, where both folders have a
+        ``tokenizer.json``, the vocabularies themselves (upstream compares the sizes:
+        ``verify_equal_vocab_size_if_draft_model``).
+
+        Raises:
+            ValueError: naming ``speculative_config.model`` and what differs.
+        """
+        draft = self.draft_model_config
+        assert draft is not None, "draft_model_config is filled in by EngineArgs"
+        sizes = [getattr(c.hf_config, "vocab_size", None) for c in (draft, target)]
+        if sizes[0] != sizes[1]:
+            raise ValueError(
+                f"speculative_config: model {self.model!r} has vocab_size={sizes[0]}, the "
+                f"target model has vocab_size={sizes[1]}; the draft must share the target's "
+                "tokenizer"
+            )
+        vocabs = [_tokenizer_vocab(c.tokenizer) for c in (draft, target)]
+        if None not in vocabs and vocabs[0] != vocabs[1]:
+            raise ValueError(
+                f"speculative_config: model {self.model!r} has a different tokenizer.json "
+                f"vocabulary from the target's ({target.tokenizer!r}); the draft must share "
+                "the target's tokenizer"
+            )
+
+
+def _tokenizer_vocab(folder: str | None) -> Any:
+    """The token -> id map and added tokens of ``folder/tokenizer.json``, or None."""
+    if folder is None or not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        return None
+    with open(os.path.join(folder, "tokenizer.json"), encoding="utf-8") as f:
+        data = json.load(f)
+    model = data.get("model") or {}
+    added = sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens") or [])
+    return model.get("vocab"), model.get("merges"), added
 
 
 @dataclass
