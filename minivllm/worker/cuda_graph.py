@@ -1,4 +1,5 @@
-"""CUDA graphs for decode steps and for short prefill / mixed steps.
+"""CUDA graphs for decode steps, speculative verification steps and short prefill /
+mixed steps.
 
 Upstream counterparts: ``vllm/compilation/cuda_graph.py`` (``CUDAGraphWrapper``),
 ``vllm/v1/cudagraph_dispatcher.py`` (``CudagraphDispatcher``) and, closest in spirit,
@@ -13,11 +14,17 @@ once and replays them with one call. A graph replays *fixed* addresses and shape
   padded tokens write nowhere (slot -1);
 * host-side launch facts baked into the graph must hold for every replay.
 
-Two families of graphs follow from the last rule:
+Three families of graphs follow from the last rule:
 
 * **decode** graphs, one per batch size in ``capture_sizes``: every sequence has one
   query token (``max_query_len == 1``) and ``max_seq_len`` is fixed at
   ``max_model_len``; padded rows attend to one token.
+* **verify** graphs (speculative decoding only), one per batch size in
+  ``capture_sizes``: captured with ``1 + k`` query tokens per sequence, the uniform
+  batch of a step where every request verifies ``k`` drafts (upstream's
+  ``uniform_decode_query_len``). Any batch of short queries (decode tiles) fits one:
+  requests with fewer drafts, none, or a short prefill chunk. A replay pads the
+  sequences with empty ones, as the prefill graphs do.
 * **prefill** graphs, one per token count in ``prefill_capture_sizes`` (powers of two up
   to 2048): any batch of at most that many tokens whose
   longest query picks the attention kernel's prefill tiles. The kernel's grid is an
@@ -46,6 +53,12 @@ from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.utils.math_utils import cdiv
 
 logger = logging.getLogger(__name__)
+
+DECODE, VERIFY, PREFILL = "decode", "verify", "prefill"
+"""The graph families; a graph's key is ``(family, size)``: sequences for decode and
+verify graphs, tokens for prefill graphs."""
+
+GraphKey = tuple[str, int]
 
 
 def default_capture_sizes(max_num_seqs: int) -> list[int]:
@@ -90,6 +103,9 @@ class CUDAGraphRunner:
         hidden_size: Width of the model's output hidden states.
         dtype: Activation dtype.
         device: The CUDA device.
+        num_speculative_tokens: ``k`` of speculative decoding; above 0, verify graphs
+            of ``1 + k`` query tokens per sequence are captured too (unless ``1 + k``
+            already picks the prefill tiles, whose graphs then serve those steps).
     """
 
     def __init__(
@@ -102,13 +118,24 @@ class CUDAGraphRunner:
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        num_speculative_tokens: int = 0,
     ) -> None:
         self.model = model
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.capture_sizes = default_capture_sizes(max_num_seqs)
         self.prefill_capture_sizes = default_prefill_capture_sizes(max_num_batched_tokens)
-        n = max([self.capture_sizes[-1], *self.prefill_capture_sizes])
+        # Query tokens per sequence of a verify graph; 0: no verify graphs.
+        q = 1 + num_speculative_tokens
+        self.verify_query_len = q if 1 < q < PREFILL_MIN_QUERY_LEN else 0
+        self.verify_capture_sizes = self.capture_sizes if self.verify_query_len else []
+        n = max(
+            [
+                self.capture_sizes[-1],
+                *self.prefill_capture_sizes,
+                *(bs * self.verify_query_len for bs in self.verify_capture_sizes),
+            ]
+        )
         max_blocks = cdiv(max_model_len, block_size)
         i32 = dict(dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
@@ -122,67 +149,89 @@ class CUDAGraphRunner:
         self._arange = torch.arange(n + 1, **i32)
         self._query_start_loc_is_arange = True
         self.output = torch.zeros(n, hidden_size, dtype=dtype, device=device)
-        # Keyed by (is_prefill, size): size is sequences for decode, tokens for prefill.
-        self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self.num_replays = {"decode": 0, "prefill": 0}  # tests read it: which graphs ran
+        # Tests read it: which graphs ran.
+        self.num_replays = {DECODE: 0, VERIFY: 0, PREFILL: 0}
 
-    def _prefill_seqs(self, num_tokens: int) -> int:
-        """Sequences a prefill graph of ``num_tokens`` is captured for: every sequence of
-        a step has at least one token, so no batch of that size holds more."""
-        return min(num_tokens, self.max_num_seqs)
+    def _num_seqs(self, family: str, size: int) -> int:
+        """Sequences a graph is captured for. A prefill graph of ``size`` tokens holds at
+        most ``size`` of them (every sequence of a step has at least one token)."""
+        return min(size, self.max_num_seqs) if family == PREFILL else size
 
-    def _metadata(self, is_prefill: bool, size: int) -> AttentionMetadata:
-        num_seqs = self._prefill_seqs(size) if is_prefill else size
+    def _num_tokens(self, family: str, size: int) -> int:
+        """Tokens a graph is captured for."""
+        return size * self.verify_query_len if family == VERIFY else size
+
+    def _metadata(self, family: str, size: int) -> AttentionMetadata:
+        num_seqs, num_tokens = self._num_seqs(family, size), self._num_tokens(family, size)
+        # Any value >= PREFILL_MIN_QUERY_LEN selects the same (prefill) tiles, any value
+        # below it the same decode tiles: the query lengths themselves come from the device.
+        max_query_len = {DECODE: 1, VERIFY: self.verify_query_len, PREFILL: size}[family]
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:size],
+            slot_mapping=self.slot_mapping[:num_tokens],
             block_table=self.block_table[:num_seqs],
             seq_lens=self.seq_lens[:num_seqs],
             query_start_loc=self.query_start_loc[: num_seqs + 1],
-            # Any value >= PREFILL_MIN_QUERY_LEN selects the same (prefill) tiles.
-            max_query_len=size if is_prefill else 1,
+            max_query_len=max_query_len,
             max_seq_len=self.max_model_len,
         )
 
-    def _forward(self, is_prefill: bool, size: int) -> None:
-        with set_forward_context(self._metadata(is_prefill, size)):
-            self.output[:size] = self.model(self.input_ids[:size], self.positions[:size])
+    def _forward(self, family: str, size: int) -> None:
+        n = self._num_tokens(family, size)
+        with set_forward_context(self._metadata(family, size)):
+            self.output[:n] = self.model(self.input_ids[:n], self.positions[:n])
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture one graph per size, largest first, sharing one memory pool."""
+        """Capture one graph per family and size, largest first, sharing one memory pool."""
         # During capture the buffers describe a harmless batch (no slot is written).
         self.seq_lens.fill_(1)
         self.slot_mapping.fill_(-1)
-        keys = [(True, t) for t in self.prefill_capture_sizes]
-        keys += [(False, bs) for bs in self.capture_sizes]
-        for is_prefill, size in sorted(keys, key=lambda k: -k[1]):
-            if is_prefill:  # one sequence of every token (reading block 0), empty ones after
-                self.query_start_loc[1] = size
-                self.seq_lens[0] = size
-                self._set_prefill_layout(size, size, 1)
-            else:
-                self.query_start_loc.copy_(self._arange)
-            self._forward(is_prefill, size)  # warm-up: compiles kernels, settles allocations
+        keys = [(PREFILL, t) for t in self.prefill_capture_sizes]
+        keys += [(VERIFY, bs) for bs in self.verify_capture_sizes]
+        keys += [(DECODE, bs) for bs in self.capture_sizes]
+        for family, size in sorted(keys, key=lambda k: -self._num_tokens(*k)):
+            self._set_capture_layout(family, size)
+            self._forward(family, size)  # warm-up: compiles kernels, settles allocations
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self._forward(is_prefill, size)
+                self._forward(family, size)
             if self.pool is None:
                 self.pool = graph.pool()
-            self.graphs[(is_prefill, size)] = graph
+            self.graphs[(family, size)] = graph
         self.query_start_loc.copy_(self._arange)
+        self._query_start_loc_is_arange = True
         self.seq_lens.fill_(1)
         torch.cuda.synchronize()
         logger.info(
-            "captured CUDA graphs for decode batch sizes %s and prefill token counts %s",
+            "captured CUDA graphs for decode batch sizes %s, verify batch sizes %s (%d "
+            "query tokens each) and prefill token counts %s",
             self.capture_sizes,
+            self.verify_capture_sizes,
+            self.verify_query_len,
             self.prefill_capture_sizes,
         )
 
-    def _set_prefill_layout(self, size: int, num_tokens: int, num_seqs: int) -> None:
-        """Pad sequences ``num_seqs..`` of a prefill graph with empty ones."""
-        cap = self._prefill_seqs(size)
+    def _set_capture_layout(self, family: str, size: int) -> None:
+        """The batch a graph is captured on: every sequence reads block 0 and writes
+        nothing (slot -1)."""
+        if family == PREFILL:  # one sequence of every token, empty ones after
+            self.query_start_loc[1] = size
+            self.seq_lens[0] = size
+            self._set_padding(family, size, size, 1)
+        elif family == VERIFY:  # every sequence verify_query_len tokens, no context
+            q = self.verify_query_len
+            self.query_start_loc[: size + 1].copy_(self._arange[: size + 1] * q)
+            self.seq_lens[:size].fill_(q)
+        else:
+            self.query_start_loc.copy_(self._arange)
+            self.seq_lens[:size].fill_(1)
+
+    def _set_padding(self, family: str, size: int, num_tokens: int, num_seqs: int) -> None:
+        """Pad sequences ``num_seqs..`` of a prefill or verify graph with empty ones."""
+        cap = self._num_seqs(family, size)
         self.query_start_loc[num_seqs + 1 : cap + 1].fill_(num_tokens)
         self.seq_lens[num_seqs:cap].fill_(0)
 
@@ -191,49 +240,55 @@ class CUDAGraphRunner:
         i = bisect.bisect_left(self.capture_sizes, num_seqs)
         return self.capture_sizes[i] if i < len(self.capture_sizes) else None
 
-    def graph_key(self, meta: AttentionMetadata, num_tokens: int) -> tuple[bool, int] | None:
+    def graph_key(self, meta: AttentionMetadata, num_tokens: int) -> GraphKey | None:
         """Which captured graph runs this batch (None: run it eagerly).
 
-        A pure decode batch takes a decode graph; a batch whose longest query selects the
-        prefill tiles takes the smallest prefill graph with room for its tokens; a mixed
-        batch of short queries (decode tiles, more than one token per sequence) runs
-        eagerly, as do batches larger than every graph.
+        A pure decode batch takes a decode graph. A batch of short queries (decode tiles,
+        more than one token per sequence: drafts being verified, maybe beside a short
+        prefill chunk) takes a verify graph when every query fits its ``1 + k`` tokens. A
+        batch whose longest query selects the prefill tiles takes the smallest prefill
+        graph with room for its tokens. Anything else runs eagerly, as do batches larger
+        than every graph.
         """
-        if meta.max_query_len == 1:
+        q = meta.max_query_len
+        if q == 1:
             bs = self.padded_size(meta.num_seqs)
-            return None if bs is None else (False, bs)
-        if meta.max_query_len >= PREFILL_MIN_QUERY_LEN:
-            i = bisect.bisect_left(self.prefill_capture_sizes, num_tokens)
-            if i < len(self.prefill_capture_sizes):
-                return (True, self.prefill_capture_sizes[i])
+            return None if bs is None else (DECODE, bs)
+        if q < PREFILL_MIN_QUERY_LEN:
+            # num_seqs <= bs and q <= verify_query_len: the tokens fit as well.
+            bs = self.padded_size(meta.num_seqs) if q <= self.verify_query_len else None
+            return None if bs is None else (VERIFY, bs)
+        i = bisect.bisect_left(self.prefill_capture_sizes, num_tokens)
+        if i < len(self.prefill_capture_sizes):
+            return (PREFILL, self.prefill_capture_sizes[i])
         return None
 
     def run(
         self,
-        key: tuple[bool, int],
+        key: GraphKey,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Copy a batch into the static buffers and replay the graph ``key`` names."""
-        is_prefill, size = key
+        family, size = key
         n, s = input_ids.shape[0], meta.num_seqs
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
         self.positions[:n].copy_(positions, non_blocking=True)
         self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
-        self.slot_mapping[n:size].fill_(-1)
+        self.slot_mapping[n : self._num_tokens(family, size)].fill_(-1)
         width = meta.block_table.shape[1]
         self.block_table[:s, :width].copy_(meta.block_table, non_blocking=True)
         self.seq_lens[:s].copy_(meta.seq_lens, non_blocking=True)
-        if is_prefill:
-            self.query_start_loc[: s + 1].copy_(meta.query_start_loc, non_blocking=True)
-            self._set_prefill_layout(size, n, s)
-            self._query_start_loc_is_arange = False
-        else:
+        if family == DECODE:
             self.seq_lens[s:size].fill_(1)
             if not self._query_start_loc_is_arange:
                 self.query_start_loc.copy_(self._arange)
                 self._query_start_loc_is_arange = True
+        else:
+            self.query_start_loc[: s + 1].copy_(meta.query_start_loc, non_blocking=True)
+            self._set_padding(family, size, n, s)
+            self._query_start_loc_is_arange = False
         self.graphs[key].replay()
-        self.num_replays["prefill" if is_prefill else "decode"] += 1
+        self.num_replays[family] += 1
         return self.output[:n]

@@ -164,6 +164,7 @@ class ModelRunner:
         bind_kv_cache(self.model, self.kv_caches, self.attn_backend)
         kernel_warmup(self)  # before the graphs: no variant may compile mid-run
         if not self.vllm_config.enforce_eager:
+            spec = self.vllm_config.speculative_config  # verify steps get graphs of their own
             self.cuda_graph_runner = CUDAGraphRunner(
                 self.model,
                 max_num_seqs=self.scheduler_config.max_num_seqs,
@@ -173,6 +174,7 @@ class ModelRunner:
                 hidden_size=self.model_config.hf_config.hidden_size,
                 dtype=self.model_config.dtype,
                 device=self.device,
+                num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
             )
             self.cuda_graph_runner.capture()
 
