@@ -76,7 +76,8 @@ class EngineArgs:
             supported: with ``tensor_parallel_size`` 1 and without speculative decoding.
         speculative_config: Speculative decoding, upstream's keys:
             ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
-            "prompt_lookup_max": ...}`` (see ``SpeculativeConfig``); None: off. On the
+            "prompt_lookup_max": ...}`` or ``{"method": "draft_model", "model": PATH,
+            "num_speculative_tokens": k}`` (see ``SpeculativeConfig``); None: off. On the
             command line, the same as JSON (``--speculative-config '{...}'``).
     """
 
@@ -168,6 +169,8 @@ class EngineArgs:
             eos_token_ids=eos_ids,
             tokenizer=tokenizer,
         )
+        if speculative_config is not None and speculative_config.method == "draft_model":
+            _resolve_draft_model_config(speculative_config, model_config)
         max_batched = self.max_num_batched_tokens or 8192
         if not self.enable_chunked_prefill:
             max_batched = max(max_batched, max_model_len)
@@ -302,6 +305,37 @@ class EngineArgs:
                 f"max_position_embeddings={limit}"
             )
         return self.max_model_len
+
+
+def _resolve_draft_model_config(spec: SpeculativeConfig, target: ModelConfig) -> None:
+    """Fill in ``spec.draft_model_config``: the draft runs in the target's dtype, up to
+    the target's ``max_model_len``, and must share its vocabulary (checked here, before
+    either model is loaded)."""
+    from minivllm.model_executor.registry import ModelRegistry
+    from minivllm.model_executor.weight_utils import find_safetensors_files
+
+    path = spec.model
+    assert path is not None
+    try:
+        hf_config, _ = _load_hf_config(path)
+        ModelRegistry.resolve_model_cls(getattr(hf_config, "architectures", None))
+        find_safetensors_files(path)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ValueError(f"speculative_config: model {path!r}: {exc}") from exc
+    limit = getattr(hf_config, "max_position_embeddings", None)
+    if limit is not None and limit < target.max_model_len:
+        raise ValueError(
+            f"speculative_config: model {path!r} has max_position_embeddings={limit}, "
+            f"below the engine's max_model_len={target.max_model_len}"
+        )
+    spec.draft_model_config = ModelConfig(
+        model=path,
+        hf_config=hf_config,
+        dtype=target.dtype,
+        max_model_len=target.max_model_len,
+        tokenizer=path if _has_tokenizer(path) else None,
+    )
+    spec.verify_equal_vocab(target)
 
 
 def _json_object(name: str):
