@@ -122,6 +122,8 @@ class ModelRunnerOutput:
         num_accepted_tokens: With speculative decoding, how many of its drafts each
             request accepted; its ``sampled_token_ids`` entry is the token after them
             (the target's correction, or the bonus token). None without drafts.
+        draft_token_ids: With a draft model, the ``k`` drafts it proposed for each
+            request's next step (row ``i`` for request ``i``); None otherwise.
     """
 
     req_ids: list[str]
@@ -130,6 +132,7 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     num_accepted_tokens: list[int] | None = None
+    draft_token_ids: list[list[int]] | None = None
 
 
 class AsyncModelRunnerOutput(ABC):
