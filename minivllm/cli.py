@@ -17,7 +17,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.sampling_params import SamplingParams
 
 # Benchmarks whose default workload needs a GPU: refused on a CPU without --allow-cpu.
-GPU_BENCHES = ("throughput", "latency", "prefix")
+GPU_BENCHES = ("throughput", "latency", "prefix", "spec")
 
 
 def sampling_flag(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -155,7 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
-    from minivllm.benchmarks import host, kernel, latency, prefix, serve, soak, throughput
+    from minivllm.benchmarks import (
+        host,
+        kernel,
+        latency,
+        prefix,
+        serve,
+        soak,
+        spec_decode,
+        throughput,
+    )
 
     commands = [
         ("kernel", "paged-attention kernels vs SDPA and copy bandwidth",
@@ -170,6 +179,8 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
          host.add_host_args, host.run_host_bench),
         ("serve", "a running server over HTTP: TTFT, ITL, throughput at request rates",
          serve.add_serve_args, serve.run_serve_bench),
+        ("spec", "speculative decoding off vs n-gram / draft model: batch-1 TPOT, throughput",
+         spec_decode.add_spec_args, spec_decode.run_spec_bench),
     ]
     for name, help_text, add_args, run in commands:
         p = bench_sub.add_parser(name, help=help_text)

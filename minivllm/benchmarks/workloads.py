@@ -64,3 +64,45 @@ def shared_prefix_workload(
         prefix + [rng.randint(0, 10000) for _ in range(suffix_len)] for _ in range(num_requests)
     ]
     return Workload(prompts, [output_len] * num_requests)
+
+
+# Public-domain passages (King James Bible, the demo model's training text): a prompt
+# quotes one twice, so what comes next is most likely the passage a third time.
+PASSAGES = (
+    "In the beginning God created the heaven and the earth. And the earth was without "
+    "form, and void; and darkness was upon the face of the deep. And the Spirit of God "
+    "moved upon the face of the waters. And God said, Let there be light: and there was "
+    "light.",
+    "The LORD is my shepherd; I shall not want. He maketh me to lie down in green "
+    "pastures: he leadeth me beside the still waters. He restoreth my soul: he leadeth "
+    "me in the paths of righteousness for his name's sake.",
+    "To every thing there is a season, and a time to every purpose under the heaven: a "
+    "time to be born, and a time to die; a time to plant, and a time to pluck up that "
+    "which is planted.",
+    "In the beginning was the Word, and the Word was with God, and the Word was God. The "
+    "same was in the beginning with God. All things were made by him; and without him "
+    "was not any thing made that was made.",
+)
+
+
+def repetitive_prompts(tokenizer, num_prompts: int, vocab_size: int, seed: int = 0,
+                       passage_len: int = 48) -> list[list[int]]:
+    """Prompts that repeat themselves, the workload speculative decoding's n-gram
+    proposer feeds on (``bench spec``): each quotes a passage twice.
+
+    With a tokenizer the passages are English (``PASSAGES``, cycled); without one (a
+    random-weight checkpoint) each prompt is a made-up passage of ``passage_len`` token
+    ids below ``vocab_size``, twice.
+    """
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(num_prompts):
+        if tokenizer is not None:
+            passage = PASSAGES[i % len(PASSAGES)]
+            text = f"Repeat this passage word for word.\n\n{passage}\n\n{passage}\n\n"
+            prompts.append(list(tokenizer.encode(text)))
+        else:
+            low, high = min(100, vocab_size // 2), min(vocab_size, 10000)
+            ids = [rng.randrange(low, high) for _ in range(passage_len)]
+            prompts.append(ids + ids)
+    return prompts
