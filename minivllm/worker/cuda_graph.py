@@ -188,10 +188,7 @@ class CUDAGraphRunner:
         # During capture the buffers describe a harmless batch (no slot is written).
         self.seq_lens.fill_(1)
         self.slot_mapping.fill_(-1)
-        keys = [(PREFILL, t) for t in self.prefill_capture_sizes]
-        keys += [(VERIFY, bs) for bs in self.verify_capture_sizes]
-        keys += [(DECODE, bs) for bs in self.capture_sizes]
-        for family, size in sorted(keys, key=lambda k: -self._num_tokens(*k)):
+        for family, size in self.graph_keys():
             self._set_capture_layout(family, size)
             self._forward(family, size)  # warm-up: compiles kernels, settles allocations
             torch.cuda.synchronize()
@@ -213,6 +210,13 @@ class CUDAGraphRunner:
             self.verify_query_len,
             self.prefill_capture_sizes,
         )
+
+    def graph_keys(self) -> list[GraphKey]:
+        """Every graph to capture, largest (in tokens) first."""
+        keys = [(PREFILL, t) for t in self.prefill_capture_sizes]
+        keys += [(VERIFY, bs) for bs in self.verify_capture_sizes]
+        keys += [(DECODE, bs) for bs in self.capture_sizes]
+        return sorted(keys, key=lambda k: -self._num_tokens(*k))
 
     def _set_capture_layout(self, family: str, size: int) -> None:
         """The batch a graph is captured on: every sequence reads block 0 and writes

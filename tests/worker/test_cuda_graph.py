@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.worker.cuda_graph import default_capture_sizes, default_prefill_capture_sizes
+from minivllm.forward_context import AttentionMetadata
+from minivllm.worker.cuda_graph import (
+    DECODE,
+    PREFILL,
+    VERIFY,
+    CUDAGraphRunner,
+    default_capture_sizes,
+    default_prefill_capture_sizes,
+)
 from tests.tiny_models import make_tiny_model
 
 
@@ -61,3 +69,128 @@ def test_graphs_equal_eager(tmp_path, arch: str, budget: int) -> None:
         del llm
         torch.cuda.empty_cache()
     assert results[True] == results[False]
+
+
+def test_verify_graphs_are_keyed_by_batch_size_and_fit_short_queries() -> None:
+    """k = 3: a batch of short queries (up to 1 + k tokens each) replays the verify graph
+    of its padded batch size; a longer short query runs eagerly; a query that picks the
+    prefill tiles takes a prefill graph; without speculation no verify graph exists."""
+    graphs = _cpu_graph_runner(num_speculative_tokens=3)
+    assert graphs.verify_query_len == 4 and graphs.verify_capture_sizes == [1, 2, 4, 8]
+    assert (VERIFY, 4) in graphs.graph_keys()
+    assert graphs.graph_key(_meta(max_query_len=4, num_seqs=3), 12) == (VERIFY, 4)
+    assert graphs.graph_key(_meta(max_query_len=2, num_seqs=8), 9) == (VERIFY, 8)
+    assert graphs.graph_key(_meta(max_query_len=5, num_seqs=2), 6) is None
+    assert graphs.graph_key(_meta(max_query_len=1, num_seqs=5), 5) == (DECODE, 8)
+    assert graphs.graph_key(_meta(max_query_len=40, num_seqs=2), 41) == (PREFILL, 64)
+    plain = _cpu_graph_runner(num_speculative_tokens=0)
+    assert plain.verify_capture_sizes == [] and plain.graph_key(_meta(4, 3), 12) is None
+    # 1 + k long enough for the prefill tiles: those graphs serve verification.
+    assert _cpu_graph_runner(num_speculative_tokens=40).verify_capture_sizes == []
+
+
+def _cpu_graph_runner(num_speculative_tokens: int) -> CUDAGraphRunner:
+    return CUDAGraphRunner(
+        torch.nn.Identity(),
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=128,
+        block_size=16,
+        hidden_size=4,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        num_speculative_tokens=num_speculative_tokens,
+    )
+
+
+def _meta(max_query_len: int, num_seqs: int) -> AttentionMetadata:
+    empty = torch.zeros(num_seqs, dtype=torch.int32)
+    return AttentionMetadata(empty, empty[:, None], empty, empty, max_query_len, 128)
+
+
+class _EagerReplay:
+    """A captured graph's stand-in on the CPU: replaying runs the forward pass the graph
+    would have recorded, over the same static buffers and the same padded layout."""
+
+    def __init__(self, graphs: CUDAGraphRunner, key: tuple[str, int]) -> None:
+        self.graphs, self.key = graphs, key
+
+    def replay(self) -> None:
+        with torch.inference_mode():
+            self.graphs._forward(*self.key)
+
+
+def _install_emulated_graphs(runner, num_speculative_tokens: int) -> None:
+    sched = runner.scheduler_config
+    graphs = CUDAGraphRunner(
+        runner.model,
+        max_num_seqs=sched.max_num_seqs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        max_model_len=runner.model_config.max_model_len,
+        block_size=runner.block_size,
+        hidden_size=runner.model_config.hf_config.hidden_size,
+        dtype=runner.model_config.dtype,
+        device=runner.device,
+        num_speculative_tokens=num_speculative_tokens,
+    )
+    graphs.graphs = {key: _EagerReplay(graphs, key) for key in graphs.graph_keys()}
+    runner.cuda_graph_runner = graphs
+
+
+def test_verify_steps_through_the_graph_layout_equal_eager_on_cpu(tmp_path) -> None:
+    """The padding a verify, decode or prefill replay applies (empty sequences, slot -1,
+    the query start offsets) leaves every real token's result as eager computes it: on
+    the CPU, with each graph replaced by the forward pass it records, speculative
+    decoding gives the tokens of a run without graphs, and verify graphs were used."""
+    path = make_tiny_model("qwen3", tmp_path / "qwen3")
+    repeats = [[7, 8, 9, 10, 11] * 6, [300, 301, 302] * 9, [42, 43] * 10, list(range(3, 60))]
+    prompts = [{"prompt_token_ids": p} for p in repeats]
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
+    results = []
+    for emulate in (False, True):
+        llm = LLM(
+            str(path), dtype="float32", device="cpu", max_model_len=128, max_num_seqs=8,
+            max_num_batched_tokens=64, speculative_config=spec,
+        )  # fmt: skip
+        if emulate:
+            llm.collective_rpc(_install_emulated_graphs, args=(3,))
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        results.append([o.outputs[0].token_ids for o in outs])
+        if emulate:
+            replays = llm.collective_rpc(_replays)[0]
+            assert replays[VERIFY] > 0 and replays[DECODE] + replays[PREFILL] > 0, replays
+        assert llm.llm_engine.stats.spec_decoding_stats.num_accepted_tokens > 0
+    assert results[1] == results[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 4])
+def test_verify_graphs_equal_eager(tmp_path, k: int) -> None:
+    """Speculative decoding on the GPU: verification steps replay verify graphs (and a
+    64-token budget mixes prefill chunks in), and the greedy tokens equal the eager run's
+    with speculation and the eager run's without it."""
+    path = make_tiny_model("qwen3", tmp_path / "qwen3")
+    repeats = [[7, 8, 9, 10, 11] * 6, [300, 301, 302] * 9, [42, 43] * 10, list(range(3, 90))]
+    prompts = [{"prompt_token_ids": p} for p in repeats]
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 2}
+    results = {}
+    for name, eager, speculative in (
+        ("eager", True, None), ("eager+spec", True, spec), ("graphs+spec", False, spec)
+    ):  # fmt: skip
+        llm = LLM(
+            str(path), dtype="float32", device="cuda", max_model_len=256, max_num_seqs=8,
+            max_num_batched_tokens=64, num_kv_blocks=128, enforce_eager=eager,
+            attention_backend="triton", speculative_config=speculative,
+        )  # fmt: skip
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        results[name] = [o.outputs[0].token_ids for o in outs]
+        if not eager:
+            replays = llm.collective_rpc(_replays)[0]
+            assert replays[VERIFY] > 0 and replays[DECODE] + replays[PREFILL] > 0, replays
+            assert llm.llm_engine.stats.spec_decoding_stats.num_accepted_tokens > 0
+        del llm
+        torch.cuda.empty_cache()
+    assert results["eager+spec"] == results["eager"]
+    assert results["graphs+spec"] == results["eager"]
