@@ -43,11 +43,26 @@ class LogprobsLists:
     Row ``i`` describes one position: ``token_ids[i][0]`` is the token that was sampled
     (or, for a prompt, the prompt's next token) and ``token_ids[i][1:]`` the top-N in
     decreasing order; ``logprobs`` matches it and ``ranks[i]`` is the rank of the first.
+
+    ``cu_num_generated_tokens``: where each request's rows start, when a request may own
+    several (speculative decoding: its accepted drafts and one more token); request ``i``
+    owns rows ``cu[i]:cu[i + 1]``. None: one row per request.
     """
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     ranks: list[int]
+    cu_num_generated_tokens: list[int] | None = None
+
+    def slice_request(self, req_idx: int, num_positions: int) -> LogprobsLists:
+        """The first ``num_positions`` rows of request ``req_idx`` (upstream's name): a
+        stop rule may keep fewer tokens than the step generated."""
+        cu = self.cu_num_generated_tokens
+        start = req_idx if cu is None else cu[req_idx]
+        end = start + num_positions
+        return LogprobsLists(
+            self.token_ids[start:end], self.logprobs[start:end], self.ranks[start:end]
+        )
 
 
 @dataclass
@@ -58,15 +73,22 @@ class LogprobsTensors:
         token_ids: ``[num_rows, 1 + num_logprobs]`` int64.
         logprobs: ``[num_rows, 1 + num_logprobs]`` float32.
         ranks: ``[num_rows]`` int64.
+        cu_num_generated_tokens: As in ``LogprobsLists`` (a host list).
     """
 
     token_ids: torch.Tensor
     logprobs: torch.Tensor
     ranks: torch.Tensor
+    cu_num_generated_tokens: list[int] | None = None
 
     def tolists(self) -> LogprobsLists:
         """Copy to the host (one synchronisation for all three tensors' results)."""
-        return LogprobsLists(self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist())
+        return LogprobsLists(
+            self.token_ids.tolist(),
+            self.logprobs.tolist(),
+            self.ranks.tolist(),
+            self.cu_num_generated_tokens,
+        )
 
 
 @dataclass
