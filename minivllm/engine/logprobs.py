@@ -73,6 +73,12 @@ class LogprobsProcessor:
             )
         )
 
+    def add_samples(self, lists: LogprobsLists) -> None:
+        """Append the logprobs of every token a step added, one row each (a speculative
+        step may add several: its accepted drafts and one more)."""
+        for row in range(len(lists.token_ids)):
+            self.add_sample(lists, row)
+
     def add_prompt_chunk(self, start: int, lists: LogprobsLists) -> None:
         """Store prompt logprobs for prompt tokens ``start + 1 ...`` (one per row).
 

@@ -167,7 +167,7 @@ class RequestState:
                 chunk = out.new_prompt_logprobs
                 proc.add_prompt_chunk(chunk.start, chunk.lists)
             if out.new_logprobs is not None:
-                proc.add_sample(out.new_logprobs, 0)
+                proc.add_samples(out.new_logprobs)
         if not out.new_token_ids:
             return None
         self.token_ids.extend(out.new_token_ids)
