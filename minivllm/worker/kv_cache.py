@@ -19,6 +19,7 @@ from torch import nn
 
 from minivllm.attention.layer import Attention
 from minivllm.attention.selector import AttentionBackend
+from minivllm.config import ModelConfig
 from minivllm.core.kv_cache_utils import get_num_blocks, page_size_bytes
 from minivllm.utils.math_utils import cdiv
 
@@ -48,17 +49,42 @@ class KVCacheSpec:
         return self.page_size_bytes * self.num_layers
 
 
-def num_blocks_from_memory(spec: KVCacheSpec, available_bytes: int) -> int:
-    """How many blocks of ``spec`` fit in ``available_bytes`` (see ``get_num_blocks``)."""
-    return get_num_blocks(available_bytes, spec.page_size_bytes, spec.num_layers)
+def kv_spec_for(model_config: ModelConfig, block_size: int, tp_size: int = 1) -> KVCacheSpec:
+    """The cache geometry of ``model_config``'s model on one of ``tp_size`` ranks."""
+    return KVCacheSpec(
+        block_size=block_size,
+        num_kv_heads=model_config.get_num_kv_heads(tp_size),
+        head_size=model_config.get_head_size(),
+        dtype=model_config.dtype,
+        num_layers=model_config.get_num_layers(),
+    )
+
+
+def num_blocks_from_memory(
+    spec: KVCacheSpec, available_bytes: int, draft: KVCacheSpec | None = None
+) -> int:
+    """How many blocks of ``spec`` fit in ``available_bytes`` (see ``get_num_blocks``).
+
+    With a draft model, one block id costs the target's bytes *and* the draft's, since
+    the draft's cache is indexed by the same block ids.
+    """
+    if draft is None:
+        return get_num_blocks(available_bytes, spec.page_size_bytes, spec.num_layers)
+    per_block = spec.block_bytes_all_layers + draft.block_bytes_all_layers
+    return max(int(available_bytes) // per_block, 0)
 
 
 def cpu_default_num_blocks(
-    spec: KVCacheSpec, space_gib: float, max_num_seqs: int, max_model_len: int
+    spec: KVCacheSpec,
+    space_gib: float,
+    max_num_seqs: int,
+    max_model_len: int,
+    draft: KVCacheSpec | None = None,
 ) -> int:
-    """Pool size on the CPU: ``space_gib`` of cache, but never more blocks than
-    ``max_num_seqs`` full-length requests could ever hold (memory beyond that is idle)."""
-    by_space = num_blocks_from_memory(spec, int(space_gib * _GIB))
+    """Pool size on the CPU: ``space_gib`` of cache (the draft's share included), but
+    never more blocks than ``max_num_seqs`` full-length requests could ever hold (memory
+    beyond that is idle)."""
+    by_space = num_blocks_from_memory(spec, int(space_gib * _GIB), draft)
     useful = max_num_seqs * cdiv(max_model_len, spec.block_size)
     return max(1, min(by_space, useful))
 

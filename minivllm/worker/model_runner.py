@@ -30,16 +30,17 @@ from minivllm.sample.prompt_logprobs import compute_prompt_logprobs
 from minivllm.sample.rejection_sampler import RejectionSampler, requests_at_sampled_rows
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingType
+from minivllm.spec_decode.draft_model import DraftModelProposer, TargetBatch, num_scratch_blocks
 from minivllm.spec_decode.metadata import SpecDecodeMetadata
 from minivllm.utils.torch_utils import copy_to_device
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.cuda_graph import CUDAGraphRunner
 from minivllm.worker.kernel_warmup import kernel_warmup
 from minivllm.worker.kv_cache import (
-    KVCacheSpec,
     allocate_kv_caches,
     bind_kv_cache,
     cpu_default_num_blocks,
+    kv_spec_for,
     num_blocks_from_memory,
 )
 
@@ -59,6 +60,8 @@ class ModelInputs:
     placeholder_req_ids: list[str] = field(default_factory=list)
     # Where the drafts and the rows that verify them are, when any request has drafts.
     spec_decode_metadata: SpecDecodeMetadata | None = None
+    # The host-side layout, for a draft model's catch-up pass.
+    batch: TargetBatch | None = None
 
 
 class ModelRunner:
@@ -74,14 +77,18 @@ class ModelRunner:
         self.model = get_model(self.model_config, self.device)
         self.attn_backend = get_attn_backend(vllm_config.attention_backend, self.device)
         tp = get_tensor_model_parallel_world_size()
-        self.kv_spec = KVCacheSpec(
-            block_size=self.block_size,
-            num_kv_heads=self.model_config.get_num_kv_heads(tp),
-            head_size=self.model_config.get_head_size(),
-            dtype=self.model_config.dtype,
-            num_layers=self.model_config.get_num_layers(),
-        )
+        self.kv_spec = kv_spec_for(self.model_config, self.block_size, tp)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # A draft model (speculative decoding): its own weights, and its own cache
+        # indexed by the target's block ids (see spec_decode/draft_model.py).
+        spec = vllm_config.speculative_config
+        self.draft_model = self.draft_kv_spec = self.drafter = None
+        if spec is not None and spec.draft_model_config is not None:
+            self.draft_model = get_model(spec.draft_model_config, self.device)
+            self.draft_kv_spec = kv_spec_for(spec.draft_model_config, self.block_size, tp)
+            self.num_scratch_blocks = num_scratch_blocks(
+                spec.num_speculative_tokens, self.block_size, self.scheduler_config.max_num_seqs
+            )
         self.cuda_graph_runner: CUDAGraphRunner | None = None
         engine_gen = torch.Generator(device=self.device)
         engine_gen.manual_seed(vllm_config.seed)
@@ -110,6 +117,7 @@ class ModelRunner:
             self.cache_config.cpu_kv_cache_space,
             self.scheduler_config.max_num_seqs,
             self.model_config.max_model_len,
+            self.draft_kv_spec,
         )
 
     @torch.inference_mode()
@@ -126,6 +134,16 @@ class ModelRunner:
             hidden = self.model(input_ids, positions)
         rows = min(self.scheduler_config.max_num_seqs, num_tokens)
         self.model.compute_logits(hidden[:rows]).float().softmax(dim=-1)
+        if self.draft_model is not None:
+            # The draft's catch-up pass: every token of the step plus one per request.
+            del hidden
+            num_draft = num_tokens + rows
+            input_ids = torch.zeros(num_draft, dtype=torch.long, device=self.device)
+            positions = torch.arange(num_draft, device=self.device)
+            positions %= self.model_config.max_model_len
+            with set_forward_context(None):
+                hidden = self.draft_model(input_ids, positions)
+            self.draft_model.compute_logits(hidden[:rows]).argmax(dim=-1)
 
     def _profile_num_blocks(self) -> int:
         torch.cuda.empty_cache()
@@ -140,7 +158,10 @@ class ModelRunner:
         non_torch = max(0, (total - free_after) - torch.cuda.memory_reserved(self.device))
         budget = int(total * self.cache_config.gpu_memory_utilization)
         available = budget - peak - non_torch
-        num_blocks = num_blocks_from_memory(self.kv_spec, available)
+        if self.draft_kv_spec is not None:
+            # The draft's scratch blocks past the pool (see draft_model.py).
+            available -= self.num_scratch_blocks * self.draft_kv_spec.block_bytes_all_layers
+        num_blocks = num_blocks_from_memory(self.kv_spec, available, self.draft_kv_spec)
         logger.info(
             "memory profile: total %.2f GiB, budget %.2f GiB, weights %.2f GiB, "
             "activation peak %.2f GiB, non-torch %.2f GiB, free before %.2f GiB "
@@ -151,17 +172,34 @@ class ModelRunner:
             (peak - weights) / 2**30,
             non_torch / 2**30,
             free_before / 2**30,
-            num_blocks * self.kv_spec.block_bytes_all_layers / 2**30,
+            num_blocks * self._block_bytes() / 2**30,
             num_blocks,
         )
         torch.cuda.empty_cache()
         return num_blocks
+
+    def _block_bytes(self) -> int:
+        """Bytes one block id costs: the target's cache, plus a draft model's."""
+        draft = self.draft_kv_spec
+        return self.kv_spec.block_bytes_all_layers + (draft.block_bytes_all_layers if draft else 0)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the per-layer K/V tensors, bind them, compile every kernel variant, and
         capture the CUDA graphs."""
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
         bind_kv_cache(self.model, self.kv_caches, self.attn_backend)
+        if self.draft_model is not None:
+            size = num_blocks + self.num_scratch_blocks
+            self.draft_kv_caches = allocate_kv_caches(self.draft_kv_spec, size, self.device)
+            bind_kv_cache(self.draft_model, self.draft_kv_caches, self.attn_backend)
+            self.drafter = DraftModelProposer(
+                self.draft_model,
+                self.vllm_config.speculative_config.num_speculative_tokens,
+                self.block_size,
+                self.model_config.max_model_len,
+                num_blocks,
+                self.device,
+            )
         kernel_warmup(self)  # before the graphs: no variant may compile mid-run
         if not self.vllm_config.enforce_eager:
             spec = self.vllm_config.speculative_config  # verify steps get graphs of their own
@@ -196,8 +234,8 @@ class ModelRunner:
         query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
         np.cumsum(num_new, out=query_start_loc[1:])
         seq_lens = (starts + num_new).astype(np.int32)
-        max_blocks = max(len(s.block_ids) for s in scheduled)
-        block_table = np.zeros((num_reqs, max_blocks), dtype=np.int32)
+        num_blocks = np.fromiter((len(s.block_ids) for s in scheduled), np.int64, num_reqs)
+        block_table = np.zeros((num_reqs, int(num_blocks.max())), dtype=np.int32)
         tokens: list[int] = []
         placeholders: list[tuple[int, str]] = []  # (flat index, request id)
         for i, s in enumerate(scheduled):
@@ -258,6 +296,7 @@ class ModelRunner:
             logits_indices=logits_idx if spec_metadata is None else spec_metadata.logits_indices,
             placeholder_req_ids=[rid for _, rid in placeholders],
             spec_decode_metadata=spec_metadata,
+            batch=TargetBatch(query_start_loc, starts, block_table, num_blocks, needs_sample),
         )
 
     def _placeholder_sources(
@@ -319,10 +358,13 @@ class ModelRunner:
         sampling = scheduler_output.sampling_requests()
         output = ModelRunnerOutput([s.request_id for s in sampling], [], None, prompt_logprobs)
         if not sampling:
+            self._propose_draft_tokens(output, inputs, sampling)
             return AsyncOutput(output, None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         if inputs.spec_decode_metadata is not None:
-            return self._verify_drafts(output, logits, sampling, inputs.spec_decode_metadata)
+            verified = self._verify_drafts(output, logits, sampling, inputs.spec_decode_metadata)
+            self._propose_draft_tokens(output, inputs, sampling)
+            return verified
         requests = [s.request for s in sampling]
         metadata = SamplingMetadata.from_requests(
             requests,
@@ -339,6 +381,7 @@ class ModelRunner:
         self._prev_output = AsyncOutput(
             output, sampled, sampler_output.logprobs_tensors, sampler_output.logits_finite
         )
+        self._propose_draft_tokens(output, inputs, sampling)
         return self._prev_output
 
     def _verify_drafts(
@@ -369,6 +412,22 @@ class ModelRunner:
         self._prev_rows = {rid: i for i, rid in enumerate(output.req_ids)}
         self._prev_output = AsyncOutput(output, last, logprobs, result.logits_finite)
         return self._prev_output
+
+    def _propose_draft_tokens(
+        self, output: ModelRunnerOutput, inputs: ModelInputs, sampling: list[ScheduledRequest]
+    ) -> None:
+        """With a draft model: it catches up on the tokens the target kept this step and
+        proposes ``k`` drafts per sampling request into ``output.draft_token_ids``. The
+        host waits for them, which is free: speculation runs with sync scheduling."""
+        if self.drafter is None:
+            return
+        accepted = output.num_accepted_tokens or [0] * len(sampling)
+        rejected = np.array(
+            [max(0, len(s.spec_token_ids) - a) for s, a in zip(sampling, accepted)], np.int64
+        )
+        next_ids = self._prev_sampled if sampling else inputs.input_ids[:0]
+        drafts = self.drafter.propose(inputs.batch, inputs.input_ids, next_ids, rejected)
+        output.draft_token_ids = drafts.tolist()
 
     def _read_in_flight_tokens(self) -> dict[str, int]:
         """The previous step's sampled tokens by request id, for the penalties.
