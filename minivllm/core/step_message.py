@@ -15,7 +15,10 @@ request that it updates:
 * every step then carries, per scheduled request, the tokens appended since the last
   message (normally the one token sampled in the previous step) and the KV block ids
   allocated since then (all of them when the request was just (re)admitted);
-* finished requests are named so the mirrors (and their seeded generators) are dropped.
+* finished requests are named so the mirrors (and their seeded generators) are dropped;
+* a request verifying drafts (speculative decoding) carries them, so every rank runs the
+  same flat batch and the same rejection sampler (the same seeded generators, so the
+  same decisions); the engine keeps rank 0's answer.
 
 The worker rebuilds a ``SchedulerOutput`` over its mirrors and runs the very same
 ``ModelRunner.execute_model`` as the single-process engine.
@@ -53,6 +56,9 @@ class ScheduledRequestData:
             ``replace_block_ids`` (a request admitted from the waiting queue).
         replace_block_ids: The request was (re)admitted: its old blocks are gone.
         is_new, is_resumed, needs_sample: As ``ScheduledRequest``.
+        spec_token_ids: As ``ScheduledRequest``: the drafts every rank verifies this
+            step (never part of the mirror's tokens; the accepted ones arrive with the
+            next message's ``new_token_ids``).
     """
 
     request_id: str
@@ -64,6 +70,7 @@ class ScheduledRequestData:
     is_new: bool
     is_resumed: bool
     needs_sample: bool
+    spec_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -130,6 +137,7 @@ class StepMessageEncoder:
             is_new=s.is_new,
             is_resumed=s.is_resumed,
             needs_sample=s.needs_sample,
+            spec_token_ids=s.spec_token_ids,
         )
 
 
@@ -170,6 +178,7 @@ class RequestMirror:
                     is_new=d.is_new,
                     is_resumed=d.is_resumed,
                     needs_sample=d.needs_sample,
+                    spec_token_ids=d.spec_token_ids,
                 )
             )
             out.num_scheduled_tokens[d.request_id] = d.num_scheduled_tokens

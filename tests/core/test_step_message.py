@@ -65,3 +65,34 @@ def test_decode_step_message_is_small() -> None:
     decode = len(pickle.dumps(encoder.encode(scheduler.schedule())))
     assert first > 800  # the prompt travels once
     assert decode < 600  # then one token and no block ids
+
+
+def test_mirror_carries_the_drafts_every_rank_verifies() -> None:
+    """Speculative decoding under tensor parallelism: each scheduled request's drafts
+    reach the workers (its input tokens end with them), and the accepted ones arrive as
+    ordinary tokens with the next message."""
+    manager = KVCacheManager(num_blocks=32, block_size=4, enable_caching=False)
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
+    scheduler = Scheduler(config, manager, num_speculative_tokens=3)
+    for i in range(3):
+        params = SamplingParams(temperature=0.0, max_tokens=10)
+        scheduler.add_request(Request(str(i), list(range(10 * i + 3, 10 * i + 9)), params))
+    encoder, mirror = StepMessageEncoder(), RequestMirror()
+    steps = verified = 0
+    while scheduler.has_unfinished_requests():
+        out = scheduler.schedule()
+        decoded = mirror.decode(pickle.loads(pickle.dumps(encoder.encode(out))))
+        assert _view(decoded) == _view(out)
+        assert [s.spec_token_ids for s in decoded.scheduled] == [
+            s.spec_token_ids for s in out.scheduled
+        ]
+        verified += len(out.scheduled_spec_decode_tokens)
+        due = out.sampling_requests()
+        accepted = [min(steps % 3, len(s.spec_token_ids)) for s in due]  # 0, 1 or 2
+        scheduler.update_from_output(out, [100 + steps] * len(due), None, accepted)
+        about_to_decode = [
+            r for r in scheduler.running if r.num_computed_tokens == r.num_tokens - 1
+        ]
+        scheduler.update_draft_token_ids({r.request_id: [7, 8, 9] for r in about_to_decode})
+        steps += 1
+    assert verified > 0
