@@ -73,7 +73,7 @@ class EngineArgs:
         enforce_eager: Disable CUDA graphs.
         async_scheduling: Overlap the host's work for the next step with the device's
             work on the current one. None (the default) turns it on wherever it is
-            supported: with ``tensor_parallel_size`` 1 and without speculative decoding.
+            supported: without speculative decoding (any ``tensor_parallel_size``).
         speculative_config: Speculative decoding, upstream's keys:
             ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
             "prompt_lookup_max": ...}`` or ``{"method": "draft_model", "model": PATH,
@@ -262,14 +262,7 @@ class EngineArgs:
                 logger.info("speculative decoding is on: async scheduling is turned off")
             return False
         if self.async_scheduling is None:
-            return self.tensor_parallel_size == 1
-        if self.async_scheduling and self.tensor_parallel_size > 1:
-            # The worker processes answer each step before taking the next, so there is
-            # nothing to overlap, and their mirrored requests never see placeholders.
-            raise ValueError(
-                "async_scheduling=True needs tensor_parallel_size=1 (got "
-                f"{self.tensor_parallel_size}); leave it None to pick automatically"
-            )
+            return True
         return bool(self.async_scheduling)
 
     def _resolve_device(self) -> torch.device:

@@ -61,7 +61,8 @@ class Executor(ABC):
         """Queue one step and return a handle to its output.
 
         This default runs the step to completion first (the handle is already done);
-        the in-process executor overrides it to return while the GPU still works.
+        both executors override it: the in-process one returns while the GPU still
+        works, the multiprocess one as soon as the step is sent to the workers.
         """
         return AsyncOutput(self.execute_model(scheduler_output), None)
 

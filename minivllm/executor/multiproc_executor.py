@@ -1,7 +1,8 @@
 """Tensor parallelism over N worker processes, driven from the engine's process.
 
 Upstream counterpart: ``vllm/v1/executor/multiproc_executor.py`` (``MultiprocExecutor``,
-``WorkerProc.worker_main``, ``WorkerProc.worker_busy_loop``).
+``FutureWrapper``); the worker process's side (``WorkerProc``) is
+``minivllm/executor/worker_proc.py``.
 
 Process layout: the engine process (scheduler, tokenizer, detokenizer) is *not* a rank.
 It starts one worker process per rank, and every call is a collective RPC: the same
@@ -17,6 +18,15 @@ that call failed and the workers serve on. If a rank stays silent, it is stuck i
 collective its failed peer never joined; a rank whose process died is gone. Then the
 only safe state is no workers: all are stopped, and the executor ``is_failed``.
 
+Async scheduling: a call is *sent* and *answered* separately. ``execute_model_async``
+writes the step to every pipe and returns a handle at once (vLLM's ``non_block=True``
+and ``FutureWrapper``); the answers are read when the engine asks the handle, after it
+has scheduled and sent the next step. Each worker runs calls on its main thread and
+answers from a second thread, which waits for the step's tokens to reach the host, so
+the main thread takes the next step's message while the device still runs this one.
+Answers arrive in the order calls were sent, so reading the oldest pending call first
+keeps every call paired with its answers.
+
 vLLM does the same with a shared-memory ring buffer (``MessageQueue``) for the
 broadcast and a response queue per worker; minivllm uses one ``multiprocessing`` pipe
 per worker, which costs a few tens of microseconds more per step and needs no code.
@@ -29,11 +39,9 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-import signal
-import threading
 import time
-import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -44,15 +52,14 @@ from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.step_message import StepMessageEncoder
 from minivllm.distributed.utils import get_distributed_init_method, get_open_port
 from minivllm.executor.abstract import Executor
-from minivllm.runner_outputs import ModelRunnerOutput
+from minivllm.executor.worker_proc import SHUTDOWN, worker_main
+from minivllm.runner_outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
 START_METHOD_ENV = "MINIVLLM_WORKER_MULTIPROC_METHOD"
 """Environment variable that forces ``fork`` or ``spawn`` (vLLM:
 ``VLLM_WORKER_MULTIPROC_METHOD``)."""
-
-_SHUTDOWN = "shutdown"
 
 STRAGGLER_TIMEOUT_S = 5.0
 """Once one rank's call failed, how long the other ranks get to answer before they count
@@ -91,6 +98,8 @@ class MultiprocExecutor(Executor):
         self.conns: list[Connection] = []
         self._encoder = StepMessageEncoder()
         self._dead_reason: str | None = None
+        # Calls sent whose answers are not read yet, oldest first.
+        self._pending: deque[PendingCall] = deque()
         # Runs shutdown when the executor is garbage collected or the interpreter exits,
         # so a forgotten LLM never leaves processes behind.
         self._finalizer = weakref.finalize(self, _terminate_workers, self.workers, self.conns)
@@ -147,27 +156,62 @@ class MultiprocExecutor(Executor):
                 f"callable ({method!r}) would have to be pickled to reach the worker "
                 "processes. Call a Worker method by name instead."
             )
+        return self._send(method, args, kwargs or {}).get_output()
+
+    def _send(
+        self, method: str, args: tuple, kwargs: dict[str, Any], reply_rank: int | None = None
+    ) -> PendingCall:
+        """Write one call to every worker's pipe; return the handle to its answers."""
         if self._dead_reason is not None:
             raise RuntimeError(f"the tensor-parallel workers are shut down: {self._dead_reason}")
-        data = pickle.dumps((method, args, kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((method, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for rank, conn in enumerate(self.conns):
                 try:
                     conn.send_bytes(data)
                 except OSError:  # the worker's end is closed: its process is gone
                     raise self._died(rank, method) from None
+        except BaseException as exc:
+            self._stop_after(method, exc)
+            raise
+        call = PendingCall(self, method, reply_rank)
+        self._pending.append(call)
+        return call
+
+    def _wait_for(self, call: PendingCall) -> None:
+        """Read answers, oldest call first, until ``call`` has its own."""
+        while not call.done:
+            oldest = self._pending.popleft()
+            try:
+                oldest.set_result(self._receive(oldest.method))
+            except Exception as exc:  # that call's own error, raised by its handle
+                oldest.set_error(exc)
+            except BaseException as exc:  # Ctrl-C: the workers are already stopped
+                oldest.set_error(exc)
+                raise
+
+    def _receive(self, method: str) -> list[Any]:
+        """Every rank's answer to the oldest pending call (see ``collective_rpc``)."""
+        try:
             results, error = self._gather(method)
         except BaseException as exc:
-            # A dead worker, a silent rank or Ctrl-C mid-call leaves the ranks out of
-            # step (some may be blocked in a collective forever): the only safe state
-            # is no workers.
-            first_line = str(exc).partition("\n")[0]
-            self._dead_reason = f"{method} failed: {type(exc).__name__}: {first_line}"
-            self.shutdown(graceful=False)
+            self._stop_after(method, exc)
             raise
         if error is not None:
             raise error  # every rank answered: the workers are in step and serve on
         return results
+
+    def _stop_after(self, method: str, exc: BaseException) -> None:
+        """A dead worker, a silent rank or Ctrl-C mid-call leaves the ranks out of step
+        (some may be blocked in a collective forever): the only safe state is no workers."""
+        first_line = str(exc).partition("\n")[0]
+        self._dead_reason = f"{method} failed: {type(exc).__name__}: {first_line}"
+        if not isinstance(exc, Exception):
+            # Ctrl-C interrupted the calls in flight too: whoever waits on them (the
+            # engine dropping a step while it aborts) sees the interrupt, not an error.
+            while self._pending:
+                self._pending.popleft().set_error(exc)
+        self.shutdown(graceful=False)
 
     def _gather(self, method: str) -> tuple[list[Any], RuntimeError | None]:
         """Every rank's answer, and the first rank's error if one failed.
@@ -229,8 +273,13 @@ class MultiprocExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Send the step's diff to every rank; return rank 0's sampled tokens."""
+        return self.execute_model_async(scheduler_output).get_output()
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Send the step's diff to every rank and return without waiting for an answer;
+        the handle's ``get_output`` reads them (rank 0's is the step's output)."""
         msg = self._encoder.encode(scheduler_output)
-        return self.collective_rpc("execute_model", (msg,))[0]
+        return self._send("execute_model", (msg,), {}, reply_rank=0)
 
     def shutdown(self, graceful: bool = True) -> None:
         """Stop every worker; idempotent.
@@ -241,8 +290,51 @@ class MultiprocExecutor(Executor):
         """
         if self._dead_reason is None:
             self._dead_reason = "shutdown() was called"
+        while self._pending:  # their answers will never come
+            self._pending.popleft().set_error(
+                RuntimeError(f"the tensor-parallel workers are shut down: {self._dead_reason}")
+            )
         if self._finalizer.detach() is not None:
             _terminate_workers(self.workers, self.conns, graceful)
+
+
+class PendingCall(AsyncModelRunnerOutput):
+    """A call sent to every rank whose answers may not have been read yet.
+
+    Upstream counterpart: ``FutureWrapper`` in ``vllm/v1/executor/multiproc_executor.py``
+    (it too drains the calls queued ahead of it before reading its own answers).
+
+    Args:
+        executor: The executor that reads the answers.
+        method: The ``Worker`` method called (for error messages).
+        reply_rank: Whose answer ``get_output`` returns; None: every rank's, as a list.
+    """
+
+    def __init__(self, executor: MultiprocExecutor, method: str, reply_rank: int | None) -> None:
+        self._executor = executor
+        self.method = method
+        self._reply_rank = reply_rank
+        self.done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def set_result(self, results: list[Any]) -> None:
+        """Record every rank's answer."""
+        self._result = results if self._reply_rank is None else results[self._reply_rank]
+        self.done = True
+
+    def set_error(self, exc: BaseException) -> None:
+        """Record the error ``get_output`` raises."""
+        self._error, self.done = exc, True
+
+    def get_output(self) -> Any:
+        """Wait for the answers (reading those of earlier calls first) and return them;
+        raise the call's error instead if it failed."""
+        if not self.done:
+            self._executor._wait_for(self)
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 def _rank_error(rank: int, summary: str, remote_tb: str) -> RuntimeError:
@@ -257,7 +349,7 @@ def _terminate_workers(
     if graceful:
         for conn in conns:
             with contextlib.suppress(OSError):  # that worker is already gone
-                conn.send_bytes(pickle.dumps((_SHUTDOWN, (), {})))
+                conn.send_bytes(pickle.dumps((SHUTDOWN, (), {})))
         _join_all(workers, timeout=5.0)
     for proc in workers:
         if proc.is_alive():
@@ -275,60 +367,3 @@ def _join_all(workers: list[BaseProcess], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for proc in workers:
         proc.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-# ---- the worker process ----------------------------------------------------------------
-
-
-def worker_main(
-    vllm_config: VllmConfig,
-    rank: int,
-    distributed_init_method: str,
-    conn: Connection,
-    inherited: list[Connection],
-) -> None:
-    """Entry point of a worker process: serve calls from the engine until told to stop.
-
-    Each call's exception is sent back as ``("error", "Type: message", traceback)``
-    and the loop goes on (the executor decides what a failure means).
-    """
-    # Ctrl-C reaches the whole foreground process group; only the engine handles it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for other in inherited:
-        other.close()
-    _watch_parent(os.getppid())
-    from minivllm.worker.worker import Worker
-
-    worker = Worker(vllm_config, rank, distributed_init_method)
-    try:
-        while True:
-            try:
-                method, args, kwargs = pickle.loads(conn.recv_bytes())
-            except EOFError:
-                return  # the engine closed its end: it is gone
-            if method == _SHUTDOWN:
-                return
-            try:
-                reply: tuple = ("ok", getattr(worker, method)(*args, **kwargs))
-            except Exception as exc:
-                reply = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
-    finally:
-        worker.shutdown()
-        conn.close()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit this process when the engine process dies, even mid-collective.
-
-    The pipe's EOF only wakes a worker that is waiting on the pipe; one blocked in an
-    all-reduce whose peer was killed would wait forever. A daemon thread polling the
-    parent's pid catches both cases (vLLM's ``monitor_death_pipe`` plays this role).
-    """
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()

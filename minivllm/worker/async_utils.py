@@ -18,6 +18,8 @@ check costs no second copy and no second wait.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from minivllm.runner_outputs import (
@@ -52,6 +54,9 @@ class AsyncOutput(AsyncModelRunnerOutput):
         self._ready = sampled_token_ids is None
         self._event: torch.cuda.Event | None = None
         self._sampled_cpu: torch.Tensor | None = None
+        # A TP worker's reply thread and its main thread (reading the tokens in flight
+        # for the penalties) may both ask.
+        self._lock = threading.Lock()
         if sampled_token_ids is None:
             return
         if logits_finite is not None:
@@ -64,20 +69,25 @@ class AsyncOutput(AsyncModelRunnerOutput):
             self._event.record()
 
     def get_output(self) -> ModelRunnerOutput:
-        """Wait for the step to finish on the device and return its output (idempotent)."""
-        if not self._ready:
-            if self._event is not None:
-                self._event.synchronize()
-            assert self._sampled_cpu is not None
-            ids = self._sampled_cpu.tolist()
-            self._output.sampled_token_ids = ids
-            if -1 in ids:  # a C-level scan; a failed row is rare
-                req_ids = self._output.req_ids
-                for row, token in enumerate(ids):
-                    if token == -1:
-                        self._output.errors[req_ids[row]] = NONFINITE_LOGITS_ERROR
-            if self._logprobs_tensors is not None:
-                self._output.logprobs = self._logprobs_tensors.tolists()
-            self._ready = True
-            self._sampled_cpu = self._logprobs_tensors = None
+        """Wait for the step to finish on the device and return its output (idempotent,
+        thread-safe)."""
+        with self._lock:
+            if not self._ready:
+                self._resolve()
         return self._output
+
+    def _resolve(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+        assert self._sampled_cpu is not None
+        ids = self._sampled_cpu.tolist()
+        self._output.sampled_token_ids = ids
+        if -1 in ids:  # a C-level scan; a failed row is rare
+            req_ids = self._output.req_ids
+            for row, token in enumerate(ids):
+                if token == -1:
+                    self._output.errors[req_ids[row]] = NONFINITE_LOGITS_ERROR
+        if self._logprobs_tensors is not None:
+            self._output.logprobs = self._logprobs_tensors.tolists()
+        self._ready = True
+        self._sampled_cpu = self._logprobs_tensors = None

@@ -17,12 +17,13 @@ import os
 import torch
 
 from minivllm.config import VllmConfig
+from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.step_message import RequestMirror, StepMessage
 from minivllm.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
 )
-from minivllm.runner_outputs import ModelRunnerOutput
+from minivllm.runner_outputs import AsyncModelRunnerOutput
 from minivllm.worker.kv_cache import KVCacheSpec
 from minivllm.worker.model_runner import ModelRunner
 
@@ -42,6 +43,8 @@ class Worker:
         self.distributed_init_method = distributed_init_method
         self.model_runner: ModelRunner | None = None
         self.mirror = RequestMirror()
+        # The last step raised here: the next one may read tokens it never sampled.
+        self._last_step_failed = False
 
     def init_device(self) -> None:
         """Pick this rank's device and join the process group (NCCL on CUDA, gloo on CPU).
@@ -80,15 +83,23 @@ class Worker:
         """Allocate this rank's KV cache with the block count all ranks agreed on."""
         self._runner().initialize_kv_cache(num_blocks)
 
-    def execute_model(self, msg: StepMessage) -> ModelRunnerOutput | None:
-        """Run one step; only rank 0 returns the sampled tokens.
+    def execute_model(self, msg: StepMessage) -> AsyncModelRunnerOutput:
+        """Queue one step on this rank's device; return the handle to its output.
 
-        Every rank samples (identical logits after the all-gather, identical seeded
-        generators), but the engine needs one answer, so the others return None and
-        their pipe carries only a few bytes.
+        The worker loop waits on the handle on its reply thread, so this thread takes
+        the next step's message while the device runs this one (async scheduling). Every
+        rank samples (identical logits after the all-gather, identical seeded
+        generators), but the engine needs one answer: only rank 0's output is sent.
         """
-        output = self._runner().execute_model(self.mirror.decode(msg))
-        return output if self.rank == 0 else None
+        scheduler_output = self.mirror.decode(msg)
+        if self._last_step_failed:
+            self._last_step_failed = False
+            _fill_unsampled_inputs(scheduler_output)
+        try:
+            return self._runner().execute_model_async(scheduler_output)
+        except Exception:
+            self._last_step_failed = True
+            raise
 
     def shutdown(self) -> None:
         """Release the model and leave the process group."""
@@ -99,3 +110,18 @@ class Worker:
         if self.model_runner is None:
             raise RuntimeError(f"rank {self.rank}: load_model() has not run")
         return self.model_runner
+
+
+def _fill_unsampled_inputs(scheduler_output: SchedulerOutput) -> None:
+    """Give a dummy input token to every request waiting for one a failed step was to
+    sample.
+
+    With async scheduling the engine sends step N+1 before it reads that step N failed,
+    and N+1's decodes take N's tokens as inputs. Their requests fail with step N, so any
+    token will do; without one, the runner would raise and fail step N+1 too, with the
+    requests it admitted that never were in step N.
+    """
+    for s in scheduler_output.scheduled:
+        missing = s.num_scheduled_tokens - len(s.token_ids)
+        if missing > 0:
+            s.request.append_output_token_ids([0] * missing)

@@ -135,11 +135,8 @@ def test_abort_with_a_step_in_flight_leaves_nothing_behind(model_dir) -> None:
     assert kv.num_free_blocks == kv.num_blocks
 
 
-def test_async_scheduling_needs_a_single_rank(model_dir) -> None:
-    args = EngineArgs(
-        str(model_dir), device="cpu", tensor_parallel_size=2, async_scheduling=True
-    )
-    with pytest.raises(ValueError, match="async_scheduling=True needs tensor_parallel_size=1"):
-        args.create_engine_config()
-    args.async_scheduling = None  # automatic: off for several ranks
+def test_async_scheduling_is_on_by_default_with_several_ranks(model_dir) -> None:
+    args = EngineArgs(str(model_dir), device="cpu", tensor_parallel_size=2)
+    assert args.create_engine_config().scheduler_config.async_scheduling
+    args.async_scheduling = False
     assert not args.create_engine_config().scheduler_config.async_scheduling

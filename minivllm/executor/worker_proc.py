@@ -1,0 +1,120 @@
+"""The worker process's side of tensor parallelism: its loop, its reply thread, its watchdog.
+
+Upstream counterpart: ``WorkerProc`` in ``vllm/v1/executor/multiproc_executor.py``
+(``worker_main``, ``worker_busy_loop``, ``async_output_busy_loop``,
+``monitor_death_pipe``). The engine's side is
+``minivllm/executor/multiproc_executor.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from minivllm.config import VllmConfig
+from minivllm.runner_outputs import AsyncModelRunnerOutput
+
+SHUTDOWN = "shutdown"
+"""The message that ends a worker's loop (its reply: none)."""
+
+
+def worker_main(
+    vllm_config: VllmConfig,
+    rank: int,
+    distributed_init_method: str,
+    conn: Connection,
+    inherited: list[Connection],
+) -> None:
+    """Entry point of a worker process: serve calls from the engine until told to stop.
+
+    Calls run on this thread in the order they arrive; their answers go out from a
+    second thread (``_send_replies``), in the same order. Each call's exception is sent
+    back as ``("error", "Type: message", traceback)`` and the loop goes on (the executor
+    decides what a failure means).
+    """
+    # Ctrl-C reaches the whole foreground process group; only the engine handles it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for other in inherited:
+        other.close()
+    _watch_parent(os.getppid())
+    from minivllm.worker.worker import Worker
+
+    worker = Worker(vllm_config, rank, distributed_init_method)
+    replies: queue.SimpleQueue = queue.SimpleQueue()
+    sender = threading.Thread(
+        target=_send_replies, args=(worker, conn, replies), name="reply-sender", daemon=True
+    )
+    sender.start()
+    try:
+        while True:
+            try:
+                method, args, kwargs = pickle.loads(conn.recv_bytes())
+            except EOFError:
+                return  # the engine closed its end: it is gone
+            if method == SHUTDOWN:
+                return
+            try:
+                replies.put(("ok", getattr(worker, method)(*args, **kwargs)))
+            except Exception as exc:
+                replies.put(_error_reply(exc))
+    finally:
+        replies.put(None)
+        sender.join(timeout=5.0)
+        worker.shutdown()
+        conn.close()
+
+
+def _send_replies(worker: Any, conn: Connection, replies: queue.SimpleQueue) -> None:
+    """The reply thread: send each answer, first waiting for a step's tokens.
+
+    A step's answer is a handle to tokens the device is still computing; waiting for
+    them here, not on the main thread, is what lets the main thread queue the next step
+    meanwhile (vLLM: ``WorkerProc.async_output_busy_loop``). Only rank 0 sends a step's
+    output: every rank samples the same tokens, and the others' pipes carry a few bytes.
+    """
+    device_set = False
+    while (reply := replies.get()) is not None:
+        if isinstance(reply[1], AsyncModelRunnerOutput):
+            if not device_set and worker.vllm_config.device.type == "cuda":
+                # A new thread starts on GPU 0; without this its first CUDA call would
+                # make a context there, in every rank's process.
+                import torch
+
+                torch.cuda.set_device(worker.vllm_config.device)
+                device_set = True
+            try:
+                output = reply[1].get_output()
+                reply = ("ok", output if worker.rank == 0 else None)
+            except Exception as exc:
+                reply = _error_reply(exc)
+        try:
+            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:
+            return  # the engine closed its end: nobody reads the answers any more
+
+
+def _error_reply(exc: Exception) -> tuple[str, str, str]:
+    return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit this process when the engine process dies, even mid-collective.
+
+    The pipe's EOF only wakes a worker that is waiting on the pipe; one blocked in an
+    all-reduce whose peer was killed would wait forever. A daemon thread polling the
+    parent's pid catches both cases (vLLM's ``monitor_death_pipe`` plays this role).
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
