@@ -62,22 +62,36 @@ class TargetBatch:
     needs_sample: np.ndarray
 
 
-def num_scratch_blocks(num_speculative_tokens: int, block_size: int, max_num_seqs: int) -> int:
-    """Scratch blocks the draft's cache needs past the pool: per batch row, enough for
-    ``k`` positions past its last allocated block (those start at a block boundary)."""
-    return max_num_seqs * cdiv(num_speculative_tokens, block_size)
+@dataclass
+class _DraftPlan:
+    """One proposal's host-side inputs: the catch-up pass, then the chain."""
+
+    src: np.ndarray  # [T] each catch-up token's index in cat([input_ids, next_token_ids])
+    positions: np.ndarray  # [T]
+    slots: np.ndarray  # [T]
+    sample_idx: np.ndarray  # [S] the catch-up row of each sampling request's new token
+    table: np.ndarray  # [R, W] block table with scratch, every request
+    seq_lens: np.ndarray  # [R]
+    query_start_loc: np.ndarray  # [R + 1]
+    max_query_len: int
+    chain_pos: np.ndarray  # [k - 1, S]
+    chain_table: np.ndarray  # [S, W] the sampling requests' rows of ``table``
+    chain_slots: np.ndarray  # [k - 1, S]
 
 
 class DraftModelProposer:
     """Greedy drafts from a draft model whose KV cache shares the target's block ids.
 
+    The model runner loads the model, then (once the pool is sized) allocates its cache
+    with ``num_blocks + num_scratch_blocks`` blocks, binds it, and calls
+    ``set_num_blocks``.
+
     Args:
-        model: The draft model, loaded, its attention layers bound to a cache of
-            ``num_blocks + num_scratch_blocks(...)`` blocks.
+        model: The draft model, loaded.
         num_speculative_tokens: ``k``, drafts per request and step.
         block_size: Tokens per KV block (the target's).
         max_model_len: No position at or past it is ever computed.
-        num_blocks: Blocks in the shared pool; scratch blocks follow them.
+        max_num_seqs: Most requests in one step (one run of scratch blocks each).
         device: Where the model runs.
     """
 
@@ -87,16 +101,32 @@ class DraftModelProposer:
         num_speculative_tokens: int,
         block_size: int,
         max_model_len: int,
-        num_blocks: int,
+        max_num_seqs: int,
         device: torch.device,
     ) -> None:
         self.model = model
         self.k = num_speculative_tokens
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.num_blocks = num_blocks
-        self.scratch_per_row = cdiv(num_speculative_tokens, block_size)
         self.device = device
+        # Per batch row, enough blocks for k positions past its last allocated block
+        # (those start at a block boundary).
+        self.scratch_per_row = cdiv(num_speculative_tokens, block_size)
+        self.num_scratch_blocks = max_num_seqs * self.scratch_per_row
+        self.num_blocks: int | None = None
+
+    def set_num_blocks(self, num_blocks: int) -> None:
+        """The pool's size: the draft's cache holds these blocks, then the scratch."""
+        self.num_blocks = num_blocks
+
+    def profile_run(self, num_tokens: int, num_rows: int) -> None:
+        """The largest catch-up pass (a full step's tokens plus one per request), without
+        a cache, so that the memory profiler sees the draft's activation peak."""
+        input_ids = torch.zeros(num_tokens + num_rows, dtype=torch.long, device=self.device)
+        positions = torch.arange(num_tokens + num_rows, device=self.device) % self.max_model_len
+        with set_forward_context(None):
+            hidden = self.model(input_ids, positions)
+        self.model.compute_logits(hidden[:num_rows]).argmax(dim=-1)
 
     @torch.inference_mode()
     def propose(
@@ -104,7 +134,8 @@ class DraftModelProposer:
         batch: TargetBatch,
         input_ids: torch.Tensor,
         next_token_ids: torch.Tensor,
-        num_rejected: np.ndarray,
+        num_draft_tokens: list[int],
+        num_accepted: list[int] | None,
     ) -> torch.Tensor:
         """Run the catch-up pass and the chain; return ``[num_sampling, k]`` drafts.
 
@@ -113,75 +144,92 @@ class DraftModelProposer:
             input_ids: ``[num_tokens]`` the target's flat input ids (device).
             next_token_ids: ``[num_sampling]`` the token each sampling request gained
                 (device; -1 on a failed row, which is fed as token 0).
-            num_rejected: ``[num_sampling]`` drafts each sampling request rejected.
+            num_draft_tokens: Drafts each sampling request verified this step.
+            num_accepted: How many of them it accepted (None: no request verified).
         """
-        sampling_rows = np.flatnonzero(batch.needs_sample)
-        num_tokens = input_ids.shape[0]
-        keep = np.diff(batch.query_start_loc).astype(np.int64)
-        keep[sampling_rows] -= num_rejected
-        extra = batch.needs_sample.astype(np.int64)
-        # Source of every catch-up token in cat([input_ids, next_token_ids]): the kept
-        # inputs of each request, then its sampled token.
-        query_len = keep + extra
-        cu_query = np.zeros(len(keep) + 1, dtype=np.int64)
-        np.cumsum(query_len, out=cu_query[1:])
-        offsets = np.arange(cu_query[-1]) - np.repeat(cu_query[:-1], query_len)
-        src = np.repeat(batch.query_start_loc[:-1].astype(np.int64), query_len) + offsets
-        is_next = offsets == np.repeat(keep, query_len)
-        src[is_next] = num_tokens + np.arange(len(sampling_rows))
-        positions = np.repeat(batch.num_computed.astype(np.int64), query_len) + offsets
-        req_idx = np.repeat(np.arange(len(keep)), query_len)
-        last_pos = batch.num_computed[sampling_rows] + keep[sampling_rows]
-        chain_pos = np.minimum(
-            last_pos[None, :] + np.arange(1, self.k)[:, None], self.max_model_len - 1
-        )
-        table = self._block_table(
-            batch, max(int(positions.max(initial=0)), int(chain_pos.max(initial=0)))
-        )
-        seq_lens = (batch.num_computed + query_len).astype(np.int64)
-        sample_idx = cu_query[1:][sampling_rows] - 1
-        chain_tables = table[sampling_rows]
-        chain_slots = self._slots(chain_tables[None, :, :].repeat(len(chain_pos), 0), chain_pos)
-        src_d, pos_d, slots_d, sample_d, chain_pos_d, chain_slots_d = copy_to_device(
+        assert self.num_blocks is not None, "set_num_blocks() has not run"
+        num_rejected = np.array(num_draft_tokens, dtype=np.int64)
+        if num_accepted is not None:
+            num_rejected = np.maximum(num_rejected - np.array(num_accepted, np.int64), 0)
+        plan = self._plan(batch, input_ids.shape[0], num_rejected)
+        src, positions, slots, sample_idx, chain_pos, chain_slots = copy_to_device(
             [
-                src,
-                positions,
-                self._slots(table[req_idx], positions),
-                sample_idx,
-                chain_pos,
-                chain_slots,
+                plan.src,
+                plan.positions,
+                plan.slots,
+                plan.sample_idx,
+                plan.chain_pos,
+                plan.chain_slots,
             ],
             np.int64,
             self.device,
         )
-        table_d, seq_d, qsl_d, chain_table_d, chain_seq_d = copy_to_device(
-            [table, seq_lens, cu_query, chain_tables, chain_pos + 1], np.int32, self.device
+        table, seq_lens, query_start_loc, chain_table, chain_seq_lens = copy_to_device(
+            [plan.table, plan.seq_lens, plan.query_start_loc, plan.chain_table, plan.chain_pos + 1],
+            np.int32,
+            self.device,
         )
-        tokens = torch.cat([input_ids, next_token_ids.clamp(min=0)])[src_d]
+        tokens = torch.cat([input_ids, next_token_ids.clamp(min=0)])[src]
         meta = AttentionMetadata(
-            slot_mapping=slots_d,
-            block_table=table_d,
-            seq_lens=seq_d,
-            query_start_loc=qsl_d,
-            max_query_len=int(query_len.max()),
-            max_seq_len=int(seq_lens.max()),
+            slot_mapping=slots,
+            block_table=table,
+            seq_lens=seq_lens,
+            query_start_loc=query_start_loc,
+            max_query_len=plan.max_query_len,
+            max_seq_len=int(plan.seq_lens.max()),
         )
-        draft = self._greedy(tokens, pos_d, meta, sample_d)
-        drafts = [draft]
-        num_seqs = len(sampling_rows)
-        chain_qsl = torch.arange(num_seqs + 1, dtype=torch.int32, device=self.device)
-        for j in range(self.k - 1):
+        drafts = [self._greedy(tokens, positions, meta, sample_idx)]
+        num_seqs = plan.chain_table.shape[0]
+        chain_query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=self.device)
+        for j in range(self.k - 1 if num_seqs else 0):
             meta = AttentionMetadata(
-                slot_mapping=chain_slots_d[j],
-                block_table=chain_table_d,
-                seq_lens=chain_seq_d[j],
-                query_start_loc=chain_qsl,
+                slot_mapping=chain_slots[j],
+                block_table=chain_table,
+                seq_lens=chain_seq_lens[j],
+                query_start_loc=chain_query_start_loc,
                 max_query_len=1,
-                max_seq_len=int(chain_pos[j].max()) + 1,
+                max_seq_len=int(plan.chain_pos[j].max()) + 1,
             )
-            draft = self._greedy(draft, chain_pos_d[j], meta, None)
-            drafts.append(draft)
+            drafts.append(self._greedy(drafts[-1], chain_pos[j], meta, None))
+        if not num_seqs:
+            return torch.empty((0, self.k), dtype=torch.long, device=self.device)
         return torch.stack(drafts, dim=1)
+
+    def _plan(self, batch: TargetBatch, num_tokens: int, num_rejected: np.ndarray) -> _DraftPlan:
+        """Where every token of the catch-up pass and of the chain comes from and goes."""
+        rows = np.flatnonzero(batch.needs_sample)
+        keep = np.diff(batch.query_start_loc).astype(np.int64)
+        keep[rows] -= num_rejected
+        query_len = keep + batch.needs_sample
+        cu_query = np.zeros(len(keep) + 1, dtype=np.int64)
+        np.cumsum(query_len, out=cu_query[1:])
+        offsets = np.arange(cu_query[-1]) - np.repeat(cu_query[:-1], query_len)
+        # Each token's index in cat([input_ids, next_token_ids]): a request's kept
+        # inputs, then (if it sampled) its new token.
+        src = np.repeat(batch.query_start_loc[:-1].astype(np.int64), query_len) + offsets
+        src[offsets == np.repeat(keep, query_len)] = num_tokens + np.arange(len(rows))
+        positions = np.repeat(batch.num_computed.astype(np.int64), query_len) + offsets
+        # Chain pass j (row) of each sampling request (column): the position after
+        # the new token's, j + 1 places on; never at or past max_model_len.
+        last = batch.num_computed[rows] + keep[rows]
+        chain_pos = np.minimum(last + np.arange(1, self.k)[:, None], self.max_model_len - 1)
+        table = self._block_table(batch, max(positions.max(initial=0), chain_pos.max(initial=0)))
+        req_idx = np.repeat(np.arange(len(keep)), query_len)
+        return _DraftPlan(
+            src=src,
+            positions=positions,
+            slots=self._slots(table[req_idx], positions),
+            sample_idx=cu_query[1:][rows] - 1,
+            table=table,
+            seq_lens=batch.num_computed + query_len,
+            query_start_loc=cu_query,
+            max_query_len=int(query_len.max()),
+            chain_pos=chain_pos,
+            chain_table=table[rows],
+            chain_slots=self._slots(
+                np.broadcast_to(table[rows], (*chain_pos.shape, table.shape[1])), chain_pos
+            ),
+        )
 
     def _greedy(
         self,

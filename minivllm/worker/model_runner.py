@@ -30,13 +30,14 @@ from minivllm.sample.prompt_logprobs import compute_prompt_logprobs
 from minivllm.sample.rejection_sampler import RejectionSampler, requests_at_sampled_rows
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingType
-from minivllm.spec_decode.draft_model import DraftModelProposer, TargetBatch, num_scratch_blocks
+from minivllm.spec_decode.draft_model import DraftModelProposer, TargetBatch
 from minivllm.spec_decode.metadata import SpecDecodeMetadata
 from minivllm.utils.torch_utils import copy_to_device
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.cuda_graph import CUDAGraphRunner
 from minivllm.worker.kernel_warmup import kernel_warmup
 from minivllm.worker.kv_cache import (
+    KVCacheSpec,
     allocate_kv_caches,
     bind_kv_cache,
     cpu_default_num_blocks,
@@ -82,13 +83,18 @@ class ModelRunner:
         # A draft model (speculative decoding): its own weights, and its own cache
         # indexed by the target's block ids (see spec_decode/draft_model.py).
         spec = vllm_config.speculative_config
-        self.draft_model = self.draft_kv_spec = self.drafter = None
+        self.drafter: DraftModelProposer | None = None
+        self.draft_kv_spec: KVCacheSpec | None = None
         if spec is not None and spec.draft_model_config is not None:
-            self.draft_model = get_model(spec.draft_model_config, self.device)
-            self.draft_kv_spec = kv_spec_for(spec.draft_model_config, self.block_size, tp)
-            self.num_scratch_blocks = num_scratch_blocks(
-                spec.num_speculative_tokens, self.block_size, self.scheduler_config.max_num_seqs
+            self.drafter = DraftModelProposer(
+                get_model(spec.draft_model_config, self.device),
+                spec.num_speculative_tokens,
+                self.block_size,
+                self.model_config.max_model_len,
+                self.scheduler_config.max_num_seqs,
+                self.device,
             )
+            self.draft_kv_spec = kv_spec_for(spec.draft_model_config, self.block_size, tp)
         self.cuda_graph_runner: CUDAGraphRunner | None = None
         engine_gen = torch.Generator(device=self.device)
         engine_gen.manual_seed(vllm_config.seed)
@@ -134,16 +140,9 @@ class ModelRunner:
             hidden = self.model(input_ids, positions)
         rows = min(self.scheduler_config.max_num_seqs, num_tokens)
         self.model.compute_logits(hidden[:rows]).float().softmax(dim=-1)
-        if self.draft_model is not None:
-            # The draft's catch-up pass: every token of the step plus one per request.
+        if self.drafter is not None:
             del hidden
-            num_draft = num_tokens + rows
-            input_ids = torch.zeros(num_draft, dtype=torch.long, device=self.device)
-            positions = torch.arange(num_draft, device=self.device)
-            positions %= self.model_config.max_model_len
-            with set_forward_context(None):
-                hidden = self.draft_model(input_ids, positions)
-            self.draft_model.compute_logits(hidden[:rows]).argmax(dim=-1)
+            self.drafter.profile_run(num_tokens, rows)
 
     def _profile_num_blocks(self) -> int:
         torch.cuda.empty_cache()
@@ -158,9 +157,9 @@ class ModelRunner:
         non_torch = max(0, (total - free_after) - torch.cuda.memory_reserved(self.device))
         budget = int(total * self.cache_config.gpu_memory_utilization)
         available = budget - peak - non_torch
-        if self.draft_kv_spec is not None:
+        if self.drafter is not None:
             # The draft's scratch blocks past the pool (see draft_model.py).
-            available -= self.num_scratch_blocks * self.draft_kv_spec.block_bytes_all_layers
+            available -= self.drafter.num_scratch_blocks * self.draft_kv_spec.block_bytes_all_layers
         num_blocks = num_blocks_from_memory(self.kv_spec, available, self.draft_kv_spec)
         logger.info(
             "memory profile: total %.2f GiB, budget %.2f GiB, weights %.2f GiB, "
@@ -188,18 +187,11 @@ class ModelRunner:
         capture the CUDA graphs."""
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
         bind_kv_cache(self.model, self.kv_caches, self.attn_backend)
-        if self.draft_model is not None:
-            size = num_blocks + self.num_scratch_blocks
+        if self.drafter is not None:
+            size = num_blocks + self.drafter.num_scratch_blocks
             self.draft_kv_caches = allocate_kv_caches(self.draft_kv_spec, size, self.device)
-            bind_kv_cache(self.draft_model, self.draft_kv_caches, self.attn_backend)
-            self.drafter = DraftModelProposer(
-                self.draft_model,
-                self.vllm_config.speculative_config.num_speculative_tokens,
-                self.block_size,
-                self.model_config.max_model_len,
-                num_blocks,
-                self.device,
-            )
+            bind_kv_cache(self.drafter.model, self.draft_kv_caches, self.attn_backend)
+            self.drafter.set_num_blocks(num_blocks)
         kernel_warmup(self)  # before the graphs: no variant may compile mid-run
         if not self.vllm_config.enforce_eager:
             spec = self.vllm_config.speculative_config  # verify steps get graphs of their own
@@ -421,12 +413,11 @@ class ModelRunner:
         host waits for them, which is free: speculation runs with sync scheduling."""
         if self.drafter is None:
             return
-        accepted = output.num_accepted_tokens or [0] * len(sampling)
-        rejected = np.array(
-            [max(0, len(s.spec_token_ids) - a) for s, a in zip(sampling, accepted)], np.int64
-        )
         next_ids = self._prev_sampled if sampling else inputs.input_ids[:0]
-        drafts = self.drafter.propose(inputs.batch, inputs.input_ids, next_ids, rejected)
+        num_drafts = [len(s.spec_token_ids) for s in sampling]
+        drafts = self.drafter.propose(
+            inputs.batch, inputs.input_ids, next_ids, num_drafts, output.num_accepted_tokens
+        )
         output.draft_token_ids = drafts.tolist()
 
     def _read_in_flight_tokens(self) -> dict[str, int]:
