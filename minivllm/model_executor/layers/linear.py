@@ -12,11 +12,21 @@ weight, and each parameter carries a ``weight_loader`` that cuts that slice out 
 full checkpoint tensor. With one rank the slice is the whole tensor and the layers are
 plain ``F.linear``.
 
+Every layer is a :class:`~minivllm.model_executor.custom_op.CustomOp`: ``forward_native`` is
+``F.linear``; ``forward_cuda`` sends an input of at most ``MINIVLLM_GEMV_MAX_M`` rows (a
+decode step of a small batch) to the Triton kernel of ``triton_skinny_gemm.py``, which
+streams the weight at close to the memory bandwidth where cuBLAS does not, and larger
+inputs to ``F.linear``. A tensor-parallel shard is just a smaller weight to it.
+
 Unlike upstream, ``forward`` returns one tensor rather than ``(output, bias)``: minivllm
 never defers the bias add into a following fused kernel.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +40,27 @@ from minivllm.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
+from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.weight_utils import check_shape
+
+#: Environment switch: the most rows (tokens) an input may have to use the small-M kernel;
+#: ``MINIVLLM_GEMV_MAX_M=0`` keeps every linear layer on ``F.linear``.
+GEMV_MAX_M_ENV = "MINIVLLM_GEMV_MAX_M"
+DEFAULT_GEMV_MAX_M = 8
+
+
+def gemv_max_m() -> int:
+    """The row limit of the small-M kernel: ``MINIVLLM_GEMV_MAX_M``, or the default."""
+    raw = os.environ.get(GEMV_MAX_M_ENV, "")
+    if raw == "":
+        return DEFAULT_GEMV_MAX_M
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{GEMV_MAX_M_ENV} must be an integer >= 0, got {raw!r}")
+    return value
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -64,8 +94,9 @@ def load_shard(
         dst.copy_(loaded.narrow(dim, start, dst.shape[dim]))
 
 
-class LinearBase(nn.Module):
-    """Shared set-up: this rank's weight ``[out_per_rank, in_per_rank]`` and bias.
+class LinearBase(CustomOp):
+    """Shared set-up: this rank's weight ``[out_per_rank, in_per_rank]`` and bias, and the
+    matrix multiply ``x @ weight^T (+ bias)`` the subclasses' ``forward`` builds on.
 
     Args:
         input_size_per_partition: Input features held by this rank.
@@ -98,6 +129,27 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.gemv_max_m = 0  # set when forward_cuda is bound (dispatch_forward)
+
+    def dispatch_forward(self, device: torch.device) -> Callable[..., Any]:
+        """Bind as :class:`CustomOp` does, reading the small-M kernel's row limit once."""
+        impl = super().dispatch_forward(device)
+        self.gemv_max_m = gemv_max_m() if impl == self.forward_cuda else 0
+        return impl
+
+    def forward_native(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight^T (+ bias)`` with ``F.linear``."""
+        return F.linear(x, self.weight, bias)
+
+    def forward_cuda(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The small-M Triton kernel for inputs of at most ``gemv_max_m`` rows, else
+        ``F.linear``: at a few rows the product is bound by reading the weight, and the
+        kernel reads it faster than cuBLAS does (see ``triton_skinny_gemm.py``)."""
+        if x.numel() <= self.gemv_max_m * x.shape[-1]:
+            from minivllm.model_executor.layers import triton_skinny_gemm  # Triton is optional
+
+            return triton_skinny_gemm.skinny_gemm(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
 
     def param_name(self, param: torch.Tensor) -> str:
         """Full dotted name of ``param`` (``weight`` or ``bias``) for error messages."""
@@ -151,7 +203,7 @@ class ColumnParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's output features (all of them when ``gather_output``)."""
-        out = F.linear(x, self.weight, self.bias)
+        out = super().forward(x, self.bias)
         return tensor_model_parallel_all_gather(out) if self.gather_output else out
 
 
@@ -327,7 +379,7 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Partial product, all-reduced over ranks, plus bias."""
-        out = tensor_model_parallel_all_reduce(F.linear(x, self.weight))
+        out = tensor_model_parallel_all_reduce(super().forward(x))
         if self.bias is not None:
             out = out + self.bias
         return out

@@ -1,0 +1,269 @@
+"""``y = x @ W^T`` for a handful of rows of ``x`` (a decode step): a Triton GEMV.
+
+Upstream counterpart: the ROCm "skinny GEMMs" of ``csrc/rocm/skinny_gemms.cu``
+(``wvSplitK``, ``LLMM1``), chosen for small batches by ``rocm_unquantized_gemm_impl`` in
+``vllm/model_executor/layers/utils.py``. On NVIDIA GPUs upstream leaves these shapes to
+cuBLAS; minivllm has its own kernel because cuBLAS reaches only about a quarter of the
+H200's memory bandwidth on the 0.6B model's M = 1 shapes (see the Linear layers chapter).
+
+Why a separate kernel: at M = 1 a linear layer does 2 FLOPs per weight element it reads,
+so its time is the time to stream ``W`` (``N x K`` bf16) from memory once. Nothing is
+reused, so the tiling of a GEMM (square tiles of ``x`` and ``W`` staged in shared memory)
+buys nothing; what matters is keeping enough loads in flight on every SM.
+
+Tiling. ``W`` is ``[N, K]`` row-major as ``nn.Linear`` stores it, so one output feature is
+one contiguous row of ``W``. Program ``(n, s)`` owns the ``BLOCK_N`` output features
+``n * BLOCK_N ...`` and walks its share ``s`` of ``K`` in ``BLOCK_K`` steps: it loads a
+``[BLOCK_N, BLOCK_K]`` tile of ``W`` (each row a contiguous, coalesced run) and the
+matching ``[BLOCK_M, BLOCK_K]`` slice of ``x`` (all ``M`` rows at once: ``x`` is tiny and
+stays in cache), and accumulates ``x_tile @ w_tile^T`` in float32, either with
+``tl.dot`` (tensor cores; ``BLOCK_M`` padded to 16) or with broadcast multiply-and-sum
+(CUDA cores; ``BLOCK_M`` = the next power of two of ``M``). Each element of ``W`` is read
+by exactly one program.
+
+Split-K. A narrow layer (``o_proj`` 2048 -> 1024, ``down_proj`` 3072 -> 1024) has few
+output tiles: 1024 / 16 = 64 programs cannot keep 132 SMs busy. With ``SPLIT_K > 1``
+each output tile is shared by ``SPLIT_K`` programs, each summing a slice of ``K``. They
+write float32 partial sums to a workspace and count their arrival on a per-tile counter;
+the *last* to arrive adds the partials in a fixed order (so the result does not depend
+on which program finished first), writes the output and resets the counter for the next
+launch. One kernel, no second reduction launch, no zero-fill: this is "serial split-K"
+(CUTLASS's semaphore variant), also what ``wvSplitKrc`` does on ROCm.
+
+CUDA graphs: the grid depends only on the shapes and the workspace is allocated once per
+device, on the first (eager, warm-up) call; a call under capture that finds no workspace
+falls back to ``SPLIT_K = 1``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.model_executor.custom_op import fake_noop, register_op
+
+# Triton reads TRITON_INTERPRET once, at import (tests/conftest.py sets it on the CPU).
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch configuration of :func:`skinny_gemm_kernel`.
+
+    Attributes:
+        block_n: Output features (rows of ``W``) per program.
+        block_k: Input features loaded per loop step.
+        split_k: Programs sharing one output tile (``1``: no split).
+        num_warps: Warps per program.
+        num_stages: Loop steps whose loads are in flight at once (software pipelining).
+        use_dot: Multiply with ``tl.dot`` (tensor cores) rather than multiply-and-sum.
+    """
+
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    use_dot: bool = True
+
+
+@triton.jit
+def _store_output(
+    out_ptr, acc, bias_ptr, rows, cols, row_ok, col_ok, stride_om, HAS_BIAS: tl.constexpr
+):
+    """Add the bias in float32 and write the tile in the output's dtype."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
+    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["M"])
+def skinny_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    partial_ptr,
+    counter_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    k_per_split,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Program ``(n, s)``: output columns ``n * BLOCK_N ...`` from K-slice ``s``.
+
+    ``k_per_split`` is a multiple of ``BLOCK_K``; the last slice may run past ``K`` and is
+    masked. ``M`` is not specialised on (one compiled variant serves every small batch).
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    # int64 addresses: N * K exceeds 2^31 for a large vocabulary's lm_head.
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    k_start = pid_k * k_per_split
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_per_split, BLOCK_K):
+        ks = k_start + k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if USE_DOT:
+            if INTERPRETED:
+                # The interpreter multiplies bf16 operands as their raw 16-bit integers;
+                # widening first is exact (the tensor cores multiply bf16 exactly too).
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        else:
+            prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+            acc += tl.sum(prod, axis=2)
+    if SPLIT_K == 1:
+        _store_output(out_ptr, acc, bias_ptr, rows, cols, row_ok, col_ok, stride_om, HAS_BIAS)
+    else:
+        # Partial sums of slice s live at partial[s, m, n] (float32, [SPLIT_K, M, N]).
+        tile = rows[:, None] * N + cols[None, :]
+        out_mask = row_ok[:, None] & col_ok[None, :]
+        tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=out_mask)
+        # Every thread's partial must be written before the arrival is counted; the
+        # counter's acq_rel atomic then publishes them to the program that arrives last.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):  # fixed order: deterministic result
+                # .cg: read from L2, never from this SM's L1, which may hold stale lines.
+                part_ptrs = partial_ptr + s * M * N + tile
+                total += tl.load(part_ptrs, mask=out_mask, other=0.0, cache_modifier=".cg")
+            _store_output(out_ptr, total, bias_ptr, rows, cols, row_ok, col_ok, stride_om, HAS_BIAS)
+            tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch (graph replay)
+
+
+# The split-K workspace: float32 partials and one arrival counter per output tile, per
+# device. Fixed sizes, so a captured graph's pointers stay valid for the process's life.
+WORKSPACE_FLOATS = 1 << 20  # 4 MiB: e.g. split 8 x 16 rows x 8192 columns
+NUM_COUNTERS = 4096
+_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The device's split-K workspace, allocated on first use outside graph capture."""
+    ws = _workspaces.get(device)
+    if ws is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # allocating (and zeroing) here would be captured, not run now
+        ws = (
+            torch.empty(WORKSPACE_FLOATS, dtype=torch.float32, device=device),
+            torch.zeros(NUM_COUNTERS, dtype=torch.int32, device=device),
+        )
+        _workspaces[device] = ws
+    return ws
+
+
+def default_config(m: int, n: int, k: int) -> GemvConfig:
+    """The launch configuration for ``[m, k] x [n, k]^T``.
+
+    Enough programs to cover every SM a few times over: wide layers (``n >= 4096``)
+    get one program per 16 output features; narrow ones split ``K`` as well.
+    """
+    if n >= 4096:
+        return GemvConfig(block_n=16, block_k=256, split_k=1)
+    split = max(1, min(4, k // 512))
+    return GemvConfig(block_n=16, block_k=256, split_k=split)
+
+
+def launch_skinny_gemm(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: GemvConfig,
+) -> None:
+    """Launch the kernel with ``config``: ``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)``.
+
+    ``x``, ``weight`` and ``out`` must have unit stride along their last dimension.
+    """
+    m, k = x.shape
+    n = weight.shape[0]
+    split = config.split_k
+    tiles = triton.cdiv(n, config.block_n)
+    ws = _workspace(x.device) if split > 1 else None
+    if ws is None or split * m * n > WORKSPACE_FLOATS or tiles > NUM_COUNTERS:
+        split, ws = 1, None
+    partial, counters = ws if ws is not None else (out, out)  # unused when split == 1
+    k_per_split = triton.cdiv(triton.cdiv(k, split), config.block_k) * config.block_k
+    block_m = 16 if config.use_dot else max(1, triton.next_power_of_2(m))
+    skinny_gemm_kernel[(tiles, split)](
+        x, weight, bias if bias is not None else weight, out, partial, counters,
+        m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        SPLIT_K=split,
+        USE_DOT=config.use_dot,
+        INTERPRETED=_INTERPRETED,
+        # float32 weights: exact products as F.linear computes them, not TF32's 10 bits.
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )  # fmt: skip
+
+
+def _skinny_gemm_impl(
+    out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> None:
+    m, k = x.shape
+    if m == 0 or out.shape[1] == 0:
+        return
+    launch_skinny_gemm(out, x, weight, bias, default_config(m, weight.shape[0], k))
+
+
+register_op(
+    "skinny_gemm",
+    "(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias) -> ()",
+    _skinny_gemm_impl,
+    fake_noop,
+)
+
+
+def skinny_gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for an ``x`` of few rows, as one Triton kernel.
+
+    Args:
+        x: ``[..., K]`` activations.
+        weight: ``[N, K]``, unit stride along ``K`` (as ``nn.Linear`` stores it).
+        bias: Optional ``[N]``.
+    """
+    if weight.dim() != 2 or weight.stride(1) != 1:
+        raise ValueError(f"weight must be [N, K] with unit stride along K, got {weight.shape}")
+    k = weight.shape[1]
+    if x.shape[-1] != k:
+        raise ValueError(f"x's last dimension is {x.shape[-1]}, weight expects {k}")
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((rows.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    torch.ops.minivllm.skinny_gemm(out, rows, weight, bias)
+    return out.view(*x.shape[:-1], weight.shape[0])

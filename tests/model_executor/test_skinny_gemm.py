@@ -1,0 +1,166 @@
+"""The small-M GEMM kernel against ``F.linear``, and the linear layers' dispatch to it.
+
+On the CPU the kernel runs through ``TRITON_INTERPRET=1`` (set by tests/conftest.py); on a
+GPU the same tests run it natively, where the split-K programs really race. Shapes are
+small and deliberately not multiples of the tiles, so every mask is exercised.
+
+Tolerances: float32 agrees to float32 rounding (only the order of the sums differs);
+bfloat16 within two bf16 steps of the output's magnitude, because the Triton interpreter
+converts float32 to bfloat16 by truncation where torch rounds to nearest.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivllm.model_executor.custom_op import NATIVE_OPS_ENV, CustomOp
+from minivllm.model_executor.layers import linear, triton_skinny_gemm
+from minivllm.model_executor.layers.linear import (
+    GEMV_MAX_M_ENV,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    gemv_max_m,
+)
+from minivllm.model_executor.layers.triton_skinny_gemm import (
+    GemvConfig,
+    default_config,
+    launch_skinny_gemm,
+    skinny_gemm,
+)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+CONFIGS = [
+    GemvConfig(block_n=16, block_k=32, split_k=1),
+    GemvConfig(block_n=16, block_k=32, split_k=3),  # K = 100 split into 3 x 64: last masked
+    GemvConfig(block_n=8, block_k=64, split_k=2, use_dot=False),
+    GemvConfig(block_n=4, block_k=16, split_k=1, use_dot=False, num_warps=2),
+]
+
+
+def _assert_matches_linear(out, x, w, bias):
+    expected = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    else:
+        step = 2 * expected.abs().max().item() * 2**-7
+        torch.testing.assert_close(out.float(), expected, atol=step, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "config",
+    CONFIGS,
+    ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}{'dot' if c.use_dot else 'fma'}",
+)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_kernel_matches_linear_every_config(config, m):
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 100, generator=gen).to(DEVICE)
+    w = torch.randn(37, 100, generator=gen).to(DEVICE)
+    bias = torch.randn(37, generator=gen).to(DEVICE)
+    out = torch.full((m, 37), float("nan"), device=DEVICE)
+    launch_skinny_gemm(out, x, w, bias, config)
+    _assert_matches_linear(out, x, w, bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_split_k_is_deterministic_and_resets_its_counters(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 96, generator=gen).to(DEVICE, dtype)
+    w = torch.randn(48, 96, generator=gen).to(DEVICE, dtype)
+    config = GemvConfig(block_n=16, block_k=16, split_k=4)
+    first = torch.empty(2, 48, dtype=dtype, device=DEVICE)
+    second = torch.empty_like(first)
+    launch_skinny_gemm(first, x, w, None, config)
+    launch_skinny_gemm(second, x, w, None, config)
+    _assert_matches_linear(first, x, w, None)
+    # The last program of each tile sums the partials in a fixed order.
+    assert torch.equal(first, second)
+    _, counters = triton_skinny_gemm._workspaces[DEVICE]
+    assert int(counters.abs().sum()) == 0  # every tile's counter is back to zero
+
+
+def test_skinny_gemm_takes_any_leading_shape_and_strided_rows():
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(24, 40, generator=gen).to(DEVICE)
+    x = torch.randn(2, 3, 80, generator=gen).to(DEVICE)[..., ::2]  # not unit stride
+    out = skinny_gemm(x, w)
+    assert out.shape == (2, 3, 24)
+    _assert_matches_linear(out, x, w, None)
+    assert skinny_gemm(x[:0], w).shape == (0, 3, 24)
+
+
+def test_skinny_gemm_refuses_mismatched_shapes():
+    w = torch.randn(24, 40, device=DEVICE)
+    with pytest.raises(ValueError, match="x's last dimension is 32, weight expects 40"):
+        skinny_gemm(torch.randn(1, 32, device=DEVICE), w)
+    with pytest.raises(ValueError, match="unit stride along K"):
+        skinny_gemm(torch.randn(1, 24, device=DEVICE), w.t())
+
+
+def test_default_config_splits_only_narrow_layers():
+    assert default_config(1, 6144, 1024).split_k == 1
+    assert default_config(1, 1024, 3072).split_k > 1
+    assert default_config(1, 1024, 256).split_k == 1  # too little K to share
+
+
+# ---------------------------------------------------------------------------- dispatch
+
+
+def test_row_limit_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(GEMV_MAX_M_ENV, raising=False)
+    assert gemv_max_m() == linear.DEFAULT_GEMV_MAX_M
+    monkeypatch.setenv(GEMV_MAX_M_ENV, "0")
+    assert gemv_max_m() == 0
+    monkeypatch.setenv(GEMV_MAX_M_ENV, "many")
+    with pytest.raises(ValueError, match="MINIVLLM_GEMV_MAX_M must be an integer >= 0"):
+        gemv_max_m()
+
+
+def _count_kernel_calls(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = triton_skinny_gemm.skinny_gemm
+
+    def counting(x, weight, bias=None):
+        calls.append(x.numel() // x.shape[-1])
+        return real(x, weight, bias)
+
+    monkeypatch.setattr(triton_skinny_gemm, "skinny_gemm", counting)
+    return calls
+
+
+@pytest.mark.parametrize("layer_cls", [ColumnParallelLinear, RowParallelLinear])
+def test_small_batches_take_the_kernel_large_ones_cublas(monkeypatch, layer_cls):
+    """Under the "cuda" implementation a layer sends at most MINIVLLM_GEMV_MAX_M rows to
+    the kernel (with its bias, for the column-parallel layer) and more to F.linear; the
+    results agree either way."""
+    monkeypatch.delenv(GEMV_MAX_M_ENV, raising=False)
+    monkeypatch.delenv(NATIVE_OPS_ENV, raising=False)
+    calls = _count_kernel_calls(monkeypatch)
+    layer = layer_cls(48, 40, bias=True).to(DEVICE)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(40, 48, generator=gen))
+        layer.bias.copy_(torch.randn(40, generator=gen))
+    small = torch.randn(2, 48, generator=gen).to(DEVICE)
+    large = torch.randn(linear.DEFAULT_GEMV_MAX_M + 1, 48, generator=gen).to(DEVICE)
+    with CustomOp.force("cuda"):
+        out_small, out_large = layer(small), layer(large)
+    assert calls == [2]
+    assert layer._forward_method == layer.forward_cuda
+    _assert_matches_linear(out_small, small, layer.weight, layer.bias)
+    _assert_matches_linear(out_large, large, layer.weight, layer.bias)
+    with CustomOp.force("native"):
+        layer(small)
+    assert calls == [2]  # the torch definition never launches it
+
+
+def test_env_switch_keeps_every_layer_on_linear(monkeypatch):
+    monkeypatch.setenv(GEMV_MAX_M_ENV, "0")
+    calls = _count_kernel_calls(monkeypatch)
+    layer = ColumnParallelLinear(16, 16).to(DEVICE)
+    torch.nn.init.normal_(layer.weight)
+    with CustomOp.force("cuda"):
+        layer(torch.randn(1, 16, device=DEVICE))
+    assert calls == [] and layer.gemv_max_m == 0
