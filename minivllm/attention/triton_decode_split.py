@@ -64,6 +64,38 @@ def choose_num_segments(
 
 
 @triton.jit
+def merge_segments(
+    out_row_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    first_part,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+):
+    """Merge the ``NUM_SEGMENTS`` partials of one (token, query head) into its output row.
+
+    Segment ``s`` holds ``acc_s = sum_j 2^(x_j - m_s) v_j`` and ``l_s = sum_j 2^(x_j - m_s)``
+    (log2 domain, see the unified kernel). With ``M = max_s m_s`` the exact result is
+    ``sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s``. A segment that saw no visible key
+    stored ``m_s = -inf``, so its weight is ``2^-inf = 0``. The loads bypass L1 (``.cg``):
+    in the fused merge other programs wrote the partials moments ago.
+    """
+    segs = tl.arange(0, NUM_SEGMENTS)
+    dims = tl.arange(0, HEAD_PAD)
+    row = first_part + segs  # [NUM_SEGMENTS]
+    seg_max = tl.load(part_max_ptr + row, cache_modifier=".cg")
+    seg_sum = tl.load(part_sum_ptr + row, cache_modifier=".cg")
+    overall_max = tl.max(seg_max, axis=0)
+    weight = tl.exp2(seg_max - overall_max)
+    denom = tl.sum(seg_sum * weight, axis=0)
+    parts = tl.load(part_out_ptr + row[:, None] * HEAD_PAD + dims[None, :], cache_modifier=".cg")
+    acc = tl.sum(parts * weight[:, None], axis=0)
+    tl.store(out_row_ptr + dims, acc / denom, mask=dims < HEAD_SIZE)
+
+
+@triton.jit
 def reduce_segments_kernel(
     out_ptr,
     part_out_ptr,
@@ -76,33 +108,79 @@ def reduce_segments_kernel(
     HEAD_PAD: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
 ):
-    """One program per (token, query head): merge its segments into the final output.
-
-    Segment ``s`` holds ``acc_s = sum_j 2^(x_j - m_s) v_j`` and ``l_s = sum_j 2^(x_j - m_s)``
-    (log2 domain, see the unified kernel). With ``M = max_s m_s`` the exact result is
-    ``sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s``. A segment that saw no visible key
-    stored ``m_s = -inf``, so its weight is ``2^-inf = 0``.
-    """
+    """One program per (token, query head): merge its segments into the final output."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    segs = tl.arange(0, NUM_SEGMENTS)
-    dims = tl.arange(0, HEAD_PAD)
-    row = (token * NUM_HEADS + head) * NUM_SEGMENTS + segs  # [NUM_SEGMENTS]
-
-    seg_max = tl.load(part_max_ptr + row)
-    seg_sum = tl.load(part_sum_ptr + row)
-    overall_max = tl.max(seg_max, axis=0)
-    weight = tl.exp2(seg_max - overall_max)
-    denom = tl.sum(seg_sum * weight, axis=0)
-
-    parts = tl.load(part_out_ptr + row[:, None] * HEAD_PAD + dims[None, :])
-    acc = tl.sum(parts * weight[:, None], axis=0)
-    out = acc / denom
-    tl.store(
-        out_ptr + token * stride_o_tok + head * stride_o_head + dims,
-        out,
-        mask=dims < HEAD_SIZE,
+    merge_segments(
+        out_ptr + token * stride_o_tok + head * stride_o_head,
+        part_out_ptr, part_max_ptr, part_sum_ptr, (token * NUM_HEADS + head) * NUM_SEGMENTS,
+        HEAD_SIZE, HEAD_PAD, NUM_SEGMENTS,
     )
+
+
+@triton.jit
+def merge_if_last_segment(
+    out_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    counter_ptr,
+    q_start,
+    q_len,
+    local_block,
+    kv_head,
+    stride_o_tok,
+    stride_o_head,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+):
+    """The fused reduction: the last segment of a (q-block, KV head) to finish merges all.
+
+    Called by every segment program right after it stored its partials. Each takes a
+    ticket from the pair's counter; the one that draws ``NUM_SEGMENTS - 1`` knows every
+    other segment's partials are written, merges the q-block's rows and resets the counter
+    to 0 for the next launch (so a CUDA graph can replay it). This saves the separate
+    reduce launch, which costs more than the merge itself in a small decode step.
+    """
+    # Every thread's stores must be done before the ticket (acquire-release, GPU scope)
+    # tells another program they are.
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if ticket == NUM_SEGMENTS - 1:
+        tl.store(counter_ptr, 0)
+        for r in range(BLOCK_Q * GROUP):
+            tok = local_block * BLOCK_Q + r // GROUP
+            if tok < q_len:
+                token = (q_start + tok).to(tl.int64)
+                head = kv_head * GROUP + r % GROUP
+                merge_segments(
+                    out_ptr + token * stride_o_tok + head * stride_o_head,
+                    part_out_ptr, part_max_ptr, part_sum_ptr,
+                    (token * NUM_HEADS + head) * NUM_SEGMENTS,
+                    HEAD_SIZE, HEAD_PAD, NUM_SEGMENTS,
+                )
+
+
+# The fused reduction's tickets: one int32 per (q-block, KV head) program pair, zero
+# between launches (the last segment resets its pair). One buffer per device, allocated
+# on first use (the start-up warm-up) so that CUDA-graph capture never allocates it;
+# launches on one device are assumed to be ordered on one stream, as in the engine.
+MIN_COUNTERS = 1 << 16
+_counters: dict[str, torch.Tensor] = {}
+
+
+def segment_counters(device: torch.device, num_pairs: int) -> torch.Tensor:
+    """The zeroed ticket counters for ``num_pairs`` program pairs on ``device``."""
+    key = str(device)
+    counters = _counters.get(key)
+    if counters is None or counters.numel() < num_pairs:
+        counters = torch.zeros(max(num_pairs, MIN_COUNTERS), dtype=torch.int32, device=device)
+        _counters[key] = counters
+    return counters
 
 
 def launch_reduce_segments(

@@ -13,10 +13,12 @@ through it; in short:
 * A tile holds ``BLOCK_M = BLOCK_Q * group`` rows: every query head that shares one KV
   head, for each of the q-block's tokens (GQA packing). One K/V tile load then serves
   the whole group, which is what makes grouped-query decode memory-efficient.
-* K and V are read tile by tile through the block table (:func:`paged_kv_offsets`), and
-  softmax is computed online in float32 (:func:`online_softmax_update`).
-* With ``NUM_SEGMENTS > 1`` the KV range is split across a third grid axis and partial
-  results go to scratch buffers for ``reduce_segments_kernel`` (split-KV).
+* K and V are read tile by tile through the block table (:func:`kv_tile_offsets`), and
+  softmax is computed online in float32 (:func:`online_softmax_update`). Only the tiles
+  on the causal diagonal (or at the end of the context) are masked (:func:`attend_tile`).
+* With ``NUM_SEGMENTS > 1`` the KV range is split across a second grid axis; partial
+  results go to scratch buffers, merged by the last segment to finish
+  (``merge_if_last_segment``) or by ``reduce_segments_kernel`` (split-KV).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ import triton.language as tl
 from minivllm.attention.triton_decode_split import (
     choose_num_segments,
     launch_reduce_segments,
+    merge_if_last_segment,
     num_multiprocessors,
+    segment_counters,
 )
 
 LOG2_E = 1.4426950408889634
@@ -62,31 +66,81 @@ def find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def paged_kv_offsets(
+def kv_tile_offsets(
     block_table_row_ptr,
-    key_pos,
-    key_mask,
+    tile_start,
+    kv_end,
     kv_head,
     stride_c_block,
     stride_c_slot,
     stride_c_head,
     BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    PAGE_TILES: tl.constexpr,
 ):
-    """Address translation: logical key positions -> element offsets in the paged cache.
+    """Address translation: keys ``tile_start .. tile_start + TILE_N - 1`` -> element
+    offsets in the paged cache (the same for K and V), plus their positions and mask.
 
     Token ``j`` of a sequence lives in physical block ``block_table[seq, j // BLOCK_SIZE]``
-    at row ``j % BLOCK_SIZE``. A tile may span several blocks, so the block table is read
-    as a vector, one entry per key. Masked keys (past the visible range) read block 0,
-    which is never dereferenced because the K/V loads are masked the same way.
+    at row ``j % BLOCK_SIZE``. With ``PAGE_TILES`` (block size a power of two) the tile
+    reads one table entry per page it covers and lays the pages' rows side by side: 8
+    loads for 128 keys in 16-token pages, instead of one per key. Otherwise each key looks
+    up its own entry. Keys at or past ``kv_end`` read block 0, which is never
+    dereferenced because the K/V loads are masked the same way.
     """
-    physical_block = tl.load(
-        block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_mask, other=0
-    ).to(tl.int64)
-    return (
-        physical_block * stride_c_block
-        + (key_pos % BLOCK_SIZE) * stride_c_slot
-        + kv_head * stride_c_head
-    )
+    key_pos = tile_start + tl.arange(0, TILE_N)
+    key_mask = key_pos < kv_end
+    if PAGE_TILES:
+        # PAGES x ROWS == TILE_N keys; a tile shorter than a page lies inside one page.
+        PAGES: tl.constexpr = TILE_N // BLOCK_SIZE if TILE_N > BLOCK_SIZE else 1
+        ROWS: tl.constexpr = TILE_N // PAGES
+        page = tile_start // BLOCK_SIZE + tl.arange(0, PAGES)
+        physical_block = tl.load(
+            block_table_row_ptr + page, mask=page * BLOCK_SIZE < kv_end, other=0
+        ).to(tl.int64)
+        row = tile_start % BLOCK_SIZE + tl.arange(0, ROWS)
+        offsets = physical_block[:, None] * stride_c_block + row[None, :] * stride_c_slot
+        offsets = tl.reshape(offsets, [TILE_N])
+    else:
+        physical_block = tl.load(
+            block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_mask, other=0
+        ).to(tl.int64)
+        offsets = physical_block * stride_c_block + (key_pos % BLOCK_SIZE) * stride_c_slot
+    return offsets + kv_head * stride_c_head, key_pos, key_mask
+
+
+@triton.jit
+def load_kv_tile(
+    cache_ptr,
+    offsets,
+    key_mask,
+    TRANSPOSED: tl.constexpr,
+    MASKED: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
+    """One K or V tile: ``[TILE_N, HEAD_PAD]``, or ``[HEAD_PAD, TILE_N]`` if ``TRANSPOSED``.
+
+    A mask costs instructions and can stop the loads from being vectorised, so a tile that
+    lies wholly inside the visible range (``MASKED`` false) with an unpadded head loads
+    without one.
+    """
+    dims = tl.arange(0, HEAD_PAD)
+    if TRANSPOSED:
+        ptrs = cache_ptr + offsets[None, :] + dims[:, None]
+        key_ok = key_mask[None, :]
+        dim_ok = dims[:, None] < HEAD_SIZE
+    else:
+        ptrs = cache_ptr + offsets[:, None] + dims[None, :]
+        key_ok = key_mask[:, None]
+        dim_ok = dims[None, :] < HEAD_SIZE
+    if MASKED:
+        tile = tl.load(ptrs, mask=key_ok & dim_ok, other=0.0)
+    elif HEAD_PAD != HEAD_SIZE:
+        tile = tl.load(ptrs, mask=dim_ok, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
 
 
 @triton.jit
@@ -106,6 +160,67 @@ def online_softmax_update(scores, m_prev, l_prev):
     return m_new, l_new, p, alpha
 
 
+@triton.jit
+def attend_tile(
+    acc,
+    m,
+    l,  # noqa: E741 - the usual name
+    q,
+    q_pos,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_row_ptr,
+    tile,
+    kv_end,
+    kv_head,
+    qk_scale,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    PAGE_TILES: tl.constexpr,
+    K_TRANSPOSED: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    """Fold key tile ``tile`` into the running state ``(acc, m, l)`` of the Q tile.
+
+    ``MASKED`` tiles cross the causal diagonal or the end of the context and need the
+    per-element visibility test; every other tile is wholly visible to every row, so its
+    loads and scores go unmasked (most of a long prefill's tiles).
+    """
+    offsets, key_pos, key_mask = kv_tile_offsets(
+        block_table_row_ptr, tile * TILE_N, kv_end, kv_head,
+        stride_c_block, stride_c_slot, stride_c_head, BLOCK_SIZE, TILE_N, PAGE_TILES,
+    )
+    k = load_kv_tile(k_cache_ptr, offsets, key_mask, K_TRANSPOSED, MASKED, HEAD_SIZE, HEAD_PAD)
+    v = load_kv_tile(v_cache_ptr, offsets, key_mask, False, MASKED, HEAD_SIZE, HEAD_PAD)
+    if UPCAST_DOT:
+        # Only under TRITON_INTERPRET=1: the interpreter multiplies bfloat16 operands as
+        # the raw 16-bit integers it stores them in. Widening first is exact (a product
+        # of two bf16 values fits in float32, as on the tensor cores).
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    if K_TRANSPOSED:
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION)
+    else:
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    scores = scores * qk_scale
+    if MASKED:
+        visible = key_mask[None, :] & (key_pos[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+    m, l, p, alpha = online_softmax_update(scores, m, l)  # noqa: E741
+    # P is rounded to the cache dtype (bf16) to feed the tensor cores, as FlashAttention
+    # does; the accumulator stays float32.
+    p = p.to(v_cache_ptr.dtype.element_ty).to(v.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+    return acc, m, l
+
+
 # Triton specializes integer arguments on "== 1" and "divisible by 16": the sequence count
 # and the block table's width change from step to step, and each new class would compile
 # another variant mid-run. The other strides are fixed by the model and the cache.
@@ -121,6 +236,7 @@ def kernel_unified_attention(
     part_out_ptr,
     part_max_ptr,
     part_sum_ptr,
+    counter_ptr,
     qk_scale,
     num_seqs: tl.int32,
     stride_q_tok: tl.int64,
@@ -140,13 +256,26 @@ def kernel_unified_attention(
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
+    DIAGONAL_SPLIT: tl.constexpr,
+    PAGE_TILES: tl.constexpr,
+    K_TRANSPOSED: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
     """Attention of one q-block, for one KV head's query-head group, over one KV segment."""
-    q_block = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    segment = tl.program_id(2)
+    # Axis 0 enumerates (q-block, KV head) pairs, KV heads fastest: the programs of one
+    # q-block run side by side and read neighbouring cache rows (heads are adjacent in a
+    # page). LONGEST_FIRST walks the q-blocks backwards: in a causal prefill the last
+    # q-blocks see the most keys, and starting them first keeps the final wave short.
+    NUM_KV_HEADS: tl.constexpr = NUM_HEADS // GROUP
+    pair = tl.program_id(0)
+    kv_head = pair % NUM_KV_HEADS
+    q_block = pair // NUM_KV_HEADS
+    if LONGEST_FIRST:
+        q_block = tl.num_programs(0) // NUM_KV_HEADS - 1 - q_block
+    segment = tl.program_id(1)
 
     # -- which sequence, and which of its tokens, this program serves ----------------
     seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
@@ -181,45 +310,30 @@ def kernel_unified_attention(
     tiles_per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
     tile_lo = segment * tiles_per_segment
     tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
+    # Keys 0 .. (the q-block's first position) are visible to all of its rows: the tiles
+    # wholly below that need no mask. Only the last one or two tiles (the diagonal, and
+    # the end of the context) do.
+    num_full = (context_len + local_block * BLOCK_Q + 1) // TILE_N if DIAGONAL_SPLIT else 0
+    tile_mid = tl.maximum(tile_lo, tl.minimum(tile_hi, num_full))
 
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # noqa: E741 - the usual name
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     block_table_row = block_table_ptr + seq * stride_bt_seq
-    offs_n = tl.arange(0, TILE_N)
-
-    for tile in range(tile_lo, tile_hi):
-        key_pos = tile * TILE_N + offs_n
-        key_mask = key_pos < kv_end
-        kv_off = paged_kv_offsets(
-            block_table_row, key_pos, key_mask, kv_head,
-            stride_c_block, stride_c_slot, stride_c_head, BLOCK_SIZE,
+    for tile in range(tile_lo, tile_mid):
+        acc, m, l = attend_tile(  # noqa: E741
+            acc, m, l, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, tile, kv_end,
+            kv_head, qk_scale, stride_c_block, stride_c_slot, stride_c_head,
+            HEAD_SIZE, HEAD_PAD, BLOCK_SIZE, TILE_N, PAGE_TILES, K_TRANSPOSED, False,
+            DOT_PRECISION, UPCAST_DOT,
         )
-        # K is loaded transposed, [HEAD_PAD, TILE_N], ready for q @ k.
-        k = tl.load(
-            k_cache_ptr + kv_off[None, :] + dims[:, None],
-            mask=dim_mask[:, None] & key_mask[None, :],
-            other=0.0,
+    for tile in range(tile_mid, tile_hi):
+        acc, m, l = attend_tile(  # noqa: E741
+            acc, m, l, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, tile, kv_end,
+            kv_head, qk_scale, stride_c_block, stride_c_slot, stride_c_head,
+            HEAD_SIZE, HEAD_PAD, BLOCK_SIZE, TILE_N, PAGE_TILES, K_TRANSPOSED, True,
+            DOT_PRECISION, UPCAST_DOT,
         )
-        v = tl.load(
-            v_cache_ptr + kv_off[:, None] + dims[None, :],
-            mask=key_mask[:, None] & dim_mask[None, :],
-            other=0.0,
-        )
-        if UPCAST_DOT:
-            # Only under TRITON_INTERPRET=1: the interpreter multiplies bfloat16 operands
-            # as the raw 16-bit integers it stores them in. Widening first is exact (a
-            # product of two bf16 values fits in float32, as on the tensor cores).
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-        visible = key_mask[None, :] & (key_pos[None, :] <= q_pos[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
-        m, l, p, alpha = online_softmax_update(scores, m, l)  # noqa: E741
-        # P is rounded to the cache dtype (bf16) to feed the tensor cores, as FlashAttention
-        # does; the accumulator stays float32.
-        p = p.to(v_cache_ptr.dtype.element_ty).to(v.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
 
     if NUM_SEGMENTS == 1:
         out = acc / l[:, None]
@@ -231,7 +345,7 @@ def kernel_unified_attention(
         )
     else:
         # Unnormalised partials; every segment writes, even an empty one (m=-inf, l=0),
-        # so the reduce kernel needs no bookkeeping of which segments ran.
+        # so the merge needs no bookkeeping of which segments ran.
         part_row = (tok_global * NUM_HEADS + head) * NUM_SEGMENTS + segment
         tl.store(part_max_ptr + part_row, m, mask=row_mask)
         tl.store(part_sum_ptr + part_row, l, mask=row_mask)
@@ -240,17 +354,33 @@ def kernel_unified_attention(
             acc,
             mask=row_mask[:, None],
         )
+        if FUSED_REDUCE:
+            merge_if_last_segment(
+                out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, counter_ptr + pair,
+                q_start, q_len, local_block, kv_head, stride_o_tok, stride_o_head,
+                NUM_HEADS, GROUP, HEAD_SIZE, HEAD_PAD, BLOCK_Q, NUM_SEGMENTS,
+            )
 
 
 @dataclass(frozen=True)
 class AttentionLaunchConfig:
-    """Tile sizes and launch parameters of one ``kernel_unified_attention`` launch."""
+    """Tile sizes, launch parameters and kernel variant of one unified-kernel launch.
+
+    The flags after ``num_segments`` select code paths inside the kernel; they exist so
+    that one sweep (``minivllm.benchmarks.kernel_variants``) can measure each idea on its
+    own. The defaults are the measured winners.
+    """
 
     block_m: int  # rows per program: BLOCK_Q tokens x group heads
     tile_n: int  # keys per inner-loop iteration
     num_warps: int
     num_stages: int
     num_segments: int  # 1 = no split-KV
+    diagonal_split: bool = True  # mask only the tiles on the causal diagonal
+    page_tiles: bool = True  # one block-table load per page (power-of-two block sizes)
+    k_transposed: bool = False  # load K as [head, keys] instead of [keys, head]
+    longest_first: bool = True  # start the q-blocks with the most keys first
+    fused_reduce: bool = True  # split-KV: the last segment merges (no reduce launch)
 
 
 # Tuned on an H200 (see docs/benchmarks/kernel.json and the PagedAttention chapter).
@@ -331,7 +461,10 @@ def select_config(
         segments = choose_num_segments(active, max_seq_len, num_multiprocessors(device))
     else:
         segments = num_kv_splits
-    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments)
+    # The fused merge runs in one program per q-block, row after row: right for the few
+    # rows of a decode q-block, slower than the separate reduce grid for 128-row tiles.
+    fused = max_query_len < PREFILL_MIN_QUERY_LEN
+    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments, fused_reduce=fused)
 
 
 def launch_configs(
@@ -390,13 +523,15 @@ def launch_unified_attention(
     if num_tokens == 0 or num_seqs == 0:
         return
     num_kv_heads = key_cache.shape[2]
+    block_size = key_cache.shape[1]
     group = num_heads // num_kv_heads
     head_pad = triton.next_power_of_2(head_size)
     block_q = config.block_m // group
     segments = config.num_segments
+    fused = segments > 1 and config.fused_reduce
     # Upper bound on q-blocks without reading query lengths from the device:
     # sum_s ceil(len_s / BLOCK_Q) <= num_tokens // BLOCK_Q + num_seqs.
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads, segments)
+    grid = ((num_tokens // block_q + num_seqs) * num_kv_heads, segments)
     if segments > 1:
         part_out = torch.empty(
             (num_tokens, num_heads, segments, head_pad), dtype=torch.float32, device=out.device
@@ -407,9 +542,10 @@ def launch_unified_attention(
     else:
         # Never touched when NUM_SEGMENTS == 1; any tensor serves as the pointer.
         part_out = part_max = part_sum = out
+    counters = segment_counters(out.device, grid[0]) if fused else out
     kernel_unified_attention[grid](
         out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-        part_out, part_max, part_sum,
+        part_out, part_max, part_sum, counters,
         scale * LOG2_E,  # scores live in the log2 domain so the kernel can use exp2
         num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
@@ -419,16 +555,22 @@ def launch_unified_attention(
         GROUP=group,
         HEAD_SIZE=head_size,
         HEAD_PAD=head_pad,
-        BLOCK_SIZE=key_cache.shape[1],
+        BLOCK_SIZE=block_size,
         BLOCK_M=config.block_m,
         BLOCK_Q=block_q,
         TILE_N=config.tile_n,
         NUM_SEGMENTS=segments,
+        DIAGONAL_SPLIT=config.diagonal_split,
+        # Page-sized tiles need the tile and the page to divide one another.
+        PAGE_TILES=config.page_tiles and block_size & (block_size - 1) == 0,
+        K_TRANSPOSED=config.k_transposed,
+        LONGEST_FIRST=config.longest_first,
+        FUSED_REDUCE=fused,
         # float32 runs in exact IEEE mode (tf32 would cost ~1e-3 relative error).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRETED,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    if segments > 1:
+    if segments > 1 and not fused:
         launch_reduce_segments(out, part_out, part_max, part_sum)

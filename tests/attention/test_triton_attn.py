@@ -305,3 +305,32 @@ def test_warm_up_covers_every_config_select_config_returns(heads: tuple) -> None
                                max_seq_len=max_seq_len, device=device, head_size=head_size,
                                element_size=2)
         assert config in configs, (num_tokens, num_seqs, max_query_len, max_seq_len, config)
+
+
+# Each kernel variant of AttentionLaunchConfig, away from the defaults one flag at a time,
+# on a ragged batch with every kind of row: prefill tiles cross the causal diagonal in
+# the middle of a key tile, blocks of 8 make several pages per tile, blocks of 32 a tile
+# inside one page, and split-KV runs both the fused and the separate merge.
+VARIANTS = [
+    dict(diagonal_split=False),
+    dict(page_tiles=False),
+    dict(k_transposed=True),
+    dict(longest_first=False),
+    dict(fused_reduce=False),
+]
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: next(iter(v)))
+def test_kernel_variants_match_reference(variant: dict, block_size: int) -> None:
+    b = make_paged_batch([(45, 1), (0, 37), (21, 19)], block_size=block_size, num_kv_heads=1,
+                         group=2, head_size=64, dtype=torch.bfloat16, device=DEVICE, seed=13)
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    for config in (tua.AttentionLaunchConfig(32, 16, 4, 2, 1, **variant),
+                   tua.AttentionLaunchConfig(16, 16, 4, 2, 2, **variant)):
+        out = torch.full_like(b.query, float("nan"))
+        tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                     b.seq_lens, b.query_start_loc, out, b.scale, config)
+        _check_close(out, ref, torch.bfloat16)
