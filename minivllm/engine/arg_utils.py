@@ -241,25 +241,40 @@ class EngineArgs:
         if self.speculative_config is None:
             return None
         config = SpeculativeConfig.from_dict(self.speculative_config)
-        if self.tensor_parallel_size > 1:
-            # The worker processes' mirrored requests are not sent the draft tokens.
+        if self.tensor_parallel_size > 1 and config.method != "ngram":
+            # n-gram drafts travel to every rank in the step message; a draft model
+            # sharded over the ranks is not built or tested.
             raise ValueError(
-                "speculative_config needs tensor_parallel_size=1 (got "
-                f"{self.tensor_parallel_size}): minivllm's speculative decoding is single-device"
+                f"speculative_config with method {config.method!r} needs "
+                f"tensor_parallel_size=1 (got {self.tensor_parallel_size}); n-gram "
+                "speculation works at any tensor_parallel_size"
             )
         return config
 
     def _resolve_async_scheduling(self) -> bool:
         if self.speculative_config is not None:
-            # Drafts are proposed from the tokens a step returns; scheduling the next step
-            # before they arrive would leave nothing to propose from.
+            # As upstream's VllmConfig for proposers without a device-side async path:
+            # drafts are proposed from the tokens a step returns (the n-gram proposer on
+            # the host), so the next step cannot be scheduled before they arrive.
+            # Upstream overlaps them for EAGLE and draft models with placeholder drafts
+            # filled in on the device; minivllm does not build that.
+            why = (
+                "the drafts of step N+1 are proposed from the tokens step N returns, so "
+                "step N+1 cannot be scheduled while step N runs"
+            )
             if self.async_scheduling:
                 raise ValueError(
-                    "async_scheduling=True cannot be combined with speculative_config; "
+                    f"async_scheduling=True cannot be combined with speculative_config: {why}; "
                     "leave async_scheduling None to turn it off automatically"
                 )
             if self.async_scheduling is None:
-                logger.info("speculative decoding is on: async scheduling is turned off")
+                method = self.speculative_config.get("method", "ngram")
+                logger.warning(
+                    "Async scheduling not supported with %s-based speculative decoding "
+                    "and will be disabled: %s",
+                    method,
+                    why,
+                )
             return False
         if self.async_scheduling is None:
             return True
