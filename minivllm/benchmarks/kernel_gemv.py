@@ -194,16 +194,21 @@ def run(args: argparse.Namespace) -> dict:
                 "torch": shape.row(torch_us, copy_bw),
             }
             cfg = default_config(m, n, k)
-            timed = shape.time_kernel(cfg)
-            row["kernel"] = {"config": cfg.__dict__, **timed, **shape.row(timed["us"], copy_bw)}
-            row["speedup"] = torch_us / timed["us"]
-            print(
-                f"M{m} {name:13s} torch {torch_us:7.2f} us "
-                f"({row['torch']['gb_per_s']:5.0f} GB/s)  kernel {timed['us']:7.2f} us "
-                f"({row['kernel']['gb_per_s']:5.0f} GB/s) x{row['speedup']:.2f} "
-                f"err {timed['max_rel_err']:.1e}",
-                flush=True,
-            )
+            try:
+                timed = shape.time_kernel(cfg)
+            except Exception as exc:  # noqa: BLE001 - keep the torch figure and the sweep
+                row["kernel"] = {"config": cfg.__dict__, "error": repr(exc)[:300]}
+                print(f"M{m} {name}: default config failed: {exc!r}"[:300], flush=True)
+            else:
+                row["kernel"] = {"config": cfg.__dict__, **timed, **shape.row(timed["us"], copy_bw)}
+                row["speedup"] = torch_us / timed["us"]
+                print(
+                    f"M{m} {name:13s} torch {torch_us:7.2f} us "
+                    f"({row['torch']['gb_per_s']:5.0f} GB/s)  kernel {timed['us']:7.2f} us "
+                    f"({row['kernel']['gb_per_s']:5.0f} GB/s) x{row['speedup']:.2f} "
+                    f"err {timed['max_rel_err']:.1e}",
+                    flush=True,
+                )
             if args.sweep and name != "lm_head":
                 row["sweep"] = _sweep(shape, copy_bw, start + args.budget_s)
                 swept = [r for r in row["sweep"] if "us" in r]

@@ -77,7 +77,7 @@ def test_half_precision_split_k_is_deterministic_and_resets_its_counters(dtype):
     _assert_matches_linear(first, x, w, None)
     # The last program of each tile sums the partials in a fixed order.
     assert torch.equal(first, second)
-    _, counters = triton_skinny_gemm._workspaces[DEVICE]
+    _, counters = triton_skinny_gemm._workspaces[x.device]
     assert int(counters.abs().sum()) == 0  # every tile's counter is back to zero
 
 
