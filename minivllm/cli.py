@@ -17,7 +17,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.sampling_params import SamplingParams
 
 # Benchmarks whose default workload needs a GPU: refused on a CPU without --allow-cpu.
-GPU_BENCHES = ("throughput", "latency", "prefix", "spec")
+GPU_BENCHES = ("throughput", "latency", "prefix", "spec", "tp")
 
 
 def sampling_flag(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -163,6 +163,7 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
         serve,
         soak,
         spec_decode,
+        tensor_parallel,
         throughput,
     )
 
@@ -181,6 +182,8 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
          serve.add_serve_args, serve.run_serve_bench),
         ("spec", "speculative decoding off vs n-gram / draft model: batch-1 TPOT, throughput",
          spec_decode.add_spec_args, spec_decode.run_spec_bench),
+        ("tp", "tensor parallelism: TP=1 vs TP=N on a Qwen3-8B shape, throughput and equality",
+         tensor_parallel.add_tp_args, tensor_parallel.run_tp_bench),
     ]
     for name, help_text, add_args, run in commands:
         p = bench_sub.add_parser(name, help=help_text)

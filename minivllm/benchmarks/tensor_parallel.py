@@ -1,20 +1,32 @@
-"""Tensor parallelism on a GPU: do TP=1 and TP=N produce the same greedy tokens?
+"""``minivllm bench tp``: tensor parallelism, TP=1 against TP=N in one run.
 
-Run: ``python -m minivllm.benchmarks.tensor_parallel --tensor-parallel-size 2``.
+The default model is a random-weight checkpoint of Qwen3-8B's shape (36 layers, hidden
+4096, 32 query and 8 KV heads of 128, intermediate 12288, Qwen3's vocabulary): drawn on
+the GPU, saved as safetensors once (16 GB, reused by later runs) and loaded through the
+engine's ordinary loader. One engine at a time, TP=N first (its workers are fresh
+processes; after an in-process TP=1 engine this process would still hold GPU 0 memory
+that rank 0's memory profile would count against its KV budget), then TP=1:
 
-In bf16 the two are not bit-identical: a row-parallel layer sums N partial products
-with an all-reduce instead of one GEMM's internal accumulation, so the rounding
+1. a short warm-up on the workload's first requests;
+2. bench throughput's workload, greedy with EOS ignored, timed: output tokens/s (with
+   ``--compare-sync``, once more with async scheduling off on the same TP=N engine);
+3. the equivalence run: the workload's first ``--equiv-requests`` prompts, greedy, with
+   the top-2 logprobs of every token.
+
+In bf16 TP=1 and TP=N are not bit-identical: a row-parallel layer sums N partial
+products with an all-reduce instead of one GEMM's internal accumulation, so the rounding
 differs. Greedy decoding amplifies that only where the top two logits are nearly tied;
-for every prompt whose tokens diverge, this script records the top-2 logprobs of both
-runs at the first divergent position, so the margin shows whether the divergence is a
-near-tie (expected) or a real error.
+for every sequence that diverges, the equivalence run records the top-2 logprobs of
+both runs at the first divergent position (their gap is the logit gap: both logprobs
+share one normalizer), so the margin shows whether the divergence is a near-tie or a
+real error. The timed runs' sequences are compared too (tokens only).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import random
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +36,119 @@ from minivllm.benchmarks.common import (
     default_output,
     environment,
     make_random_checkpoint,
+    timed,
     write_json,
 )
-from minivllm.benchmarks.throughput import DEFAULT_CHECKPOINT
+from minivllm.benchmarks.throughput import (
+    add_engine_bench_args,
+    build_llm,
+    compare_sync,
+    engine_figures,
+)
+from minivllm.benchmarks.workloads import Workload, throughput_workload
+
+# Qwen3-8B's shape (its config.json), random weights.
+QWEN3_8B_SHAPE: dict[str, Any] = dict(
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=151643,
+    eos_token_id=151645,
+)
+DEFAULT_CHECKPOINT = "/tmp/minivllm-bench/qwen3-8b-random"
+
+# Environment variables that decide how NCCL talks, recorded with the results.
+_NCCL_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 
 
-def _generate(path: str, tp: int, prompts: list[list[int]], args: argparse.Namespace) -> list:
-    from minivllm import LLM, SamplingParams
+def add_tp_args(parser: argparse.ArgumentParser) -> None:
+    """Register the options of ``minivllm bench tp``."""
+    add_engine_bench_args(parser, default_output("tensor_parallel.json"))
+    parser.set_defaults(tensor_parallel_size=2)
+    parser.add_argument("--num-requests", type=int, default=256,
+                        help="requests of the throughput workload (the published one: 256)")
+    parser.add_argument("--input-len-range", type=int, nargs=2, default=[100, 1024])
+    parser.add_argument("--output-len-range", type=int, nargs=2, default=[100, 1024])
+    parser.add_argument("--warmup-requests", type=int, default=32,
+                        help="warm up on the workload's first N requests (16 tokens each)")
+    parser.add_argument("--equiv-requests", type=int, default=64,
+                        help="greedy equivalence run with top-2 logprobs on the first N prompts")
+    parser.add_argument("--equiv-max-tokens", type=int, default=128)
+    parser.add_argument("--compare-sync", action="store_true",
+                        help="time TP=N once more with async scheduling off (same engine)")
+    parser.add_argument("--plot", default=None,
+                        help="PNG of the results (default: the JSON's path with .png)")
 
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True,
-                            logprobs=2)
-    with LLM(path, tensor_parallel_size=tp, dtype=args.dtype, max_model_len=args.max_model_len,
-             gpu_memory_utilization=args.gpu_memory_utilization,
-             enforce_eager=args.enforce_eager) as llm:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    gc.collect()
-    torch.cuda.empty_cache()
-    return [o.outputs[0] for o in outs]
+
+def make_qwen3_8b_checkpoint(path: Path) -> Path:
+    """The random-weight Qwen3-8B-shaped checkpoint at ``path``, made once.
+
+    ``make_random_checkpoint`` draws the weights on the GPU (seconds; a CPU would take
+    minutes for 8 billion) and saves them with ``save_pretrained``; a marker written
+    last tells a complete checkpoint from one interrupted while saving.
+    """
+    done = path / ".minivllm-complete"
+    if done.is_file():
+        return path
+    make_random_checkpoint(path, QWEN3_8B_SHAPE)
+    done.write_text("saved\n")
+    return path
+
+
+def _greedy_run(llm, workload: Workload, logprobs: int | None = None) -> tuple[list, float]:
+    """Every request greedy with EOS ignored, from a cold prefix cache: (completions,
+    wall seconds). The timing method is ``bench throughput``'s."""
+    from minivllm import SamplingParams
+
+    llm.reset_prefix_cache()
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=logprobs)
+              for n in workload.output_lens]
+    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
+    outputs, seconds = timed(llm.generate, prompts, params, use_tqdm=False)
+    completions = [o.outputs[0] for o in outputs]
+    produced = sum(len(c.token_ids) for c in completions)
+    if produced != workload.num_output_tokens:
+        raise RuntimeError(f"generated {produced} tokens, expected {workload.num_output_tokens}")
+    return completions, seconds
+
+
+def run_engine(args: argparse.Namespace, path: str, tp: int, workload: Workload,
+               equiv: Workload) -> tuple[dict[str, Any], list, list]:
+    """One engine at ``tp`` ranks: its figures, the timed run's completions and the
+    equivalence run's (which carry logprobs)."""
+    llm, startup = timed(build_llm, args, path, tensor_parallel_size=tp)
+    try:
+        warm = workload.head(args.warmup_requests)
+        _greedy_run(llm, Workload(warm.prompts, [16] * len(warm.prompts)))
+        completions, seconds = _greedy_run(llm, workload)
+        core = llm.llm_engine.engine_core.engine_core
+        figures: dict[str, Any] = {
+            "tensor_parallel_size": tp, "startup_s": startup, "seconds": seconds,
+            "async_scheduling": core.async_scheduling,
+            "output_tokens_per_s": workload.num_output_tokens / seconds,
+            "total_tokens_per_s":
+                (workload.num_output_tokens + workload.num_prompt_tokens) / seconds,
+            **engine_figures(llm)}
+        print(f"TP={tp}: {figures['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s "
+              f"(start-up {startup:.1f} s)", flush=True)
+        if args.compare_sync and tp > 1 and core.async_scheduling:
+            figures["sync"] = compare_sync(llm, workload, seconds)
+        equiv_out, _ = _greedy_run(llm, equiv, logprobs=2)
+    finally:
+        llm.shutdown()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return figures, completions, equiv_out
 
 
 def _top2(position: dict) -> list[tuple[int, float]]:
@@ -48,11 +156,16 @@ def _top2(position: dict) -> list[tuple[int, float]]:
     return [(tok, lp.logprob) for tok, lp in ranked]
 
 
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
 def compare(ref: list, other: list) -> dict[str, Any]:
-    """Count identical sequences and explain each first divergence by its top-2 margin."""
+    """Count identical sequences and explain each first divergence by its top-2 margin
+    (``ref``: TP=1's completions, ``other``: TP=N's, both with top-2 logprobs)."""
     divergences = []
     for i, (a, b) in enumerate(zip(ref, other)):
-        k = next((j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+        k = _first_divergence(a.token_ids, b.token_ids)
         if k is None:
             continue
         top_a, top_b = _top2(a.logprobs[k]), _top2(b.logprobs[k])
@@ -61,42 +174,75 @@ def compare(ref: list, other: list) -> dict[str, Any]:
             "tp1_top2": top_a, "tpn_top2": top_b,
             "tp1_margin": top_a[0][1] - top_a[1][1], "tpn_margin": top_b[0][1] - top_b[1][1],
         })
+    margins = [d["tp1_margin"] for d in divergences]
     return {"num_prompts": len(ref), "num_identical": len(ref) - len(divergences),
-            "divergences": divergences}
+            "max_tp1_margin": max(margins, default=None), "divergences": divergences}
+
+
+def compare_tokens(ref: list, other: list) -> dict[str, Any]:
+    """How many of the timed runs' greedy sequences are identical, and where the others
+    first differ (tokens only: the timed runs carry no logprobs)."""
+    positions = [_first_divergence(a.token_ids, b.token_ids) for a, b in zip(ref, other)]
+    diverged = [k for k in positions if k is not None]
+    return {"num_sequences": len(ref), "num_identical": len(ref) - len(diverged),
+            "first_divergence_positions": diverged}
+
+
+def _versions() -> dict[str, Any]:
+    info: dict[str, Any] = {"nccl_env": {k: os.environ.get(k) for k in _NCCL_ENV}}
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return info
+
+
+def run_tp_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Run TP=N and TP=1 on the same workload; write the JSON (and the plot)."""
+    tp = args.tensor_parallel_size
+    if tp < 2:
+        raise ValueError(f"--tensor-parallel-size must be at least 2 to compare with TP=1, "
+                         f"got {tp}")
+    path = args.model or str(make_qwen3_8b_checkpoint(Path(DEFAULT_CHECKPOINT)))
+    workload = throughput_workload(args.num_requests, 0, tuple(args.input_len_range),
+                                   tuple(args.output_len_range))
+    equiv_prompts = workload.prompts[: args.equiv_requests]
+    equiv = Workload(equiv_prompts, [args.equiv_max_tokens] * len(equiv_prompts))
+    result: dict[str, Any] = {
+        **environment(), **_versions(),
+        "model": path if args.model else f"random-weight Qwen3-8B shape ({path})",
+        "dtype": args.dtype, "enforce_eager": args.enforce_eager,
+        "workload": {"num_requests": len(workload.prompts),
+                     "published_num_requests": 256,
+                     "prompt_tokens": workload.num_prompt_tokens,
+                     "output_tokens": workload.num_output_tokens,
+                     "warmup_requests": args.warmup_requests},
+    }
+    tpn, tpn_out, tpn_equiv = run_engine(args, path, tp, workload, equiv)
+    tp1, tp1_out, tp1_equiv = run_engine(args, path, 1, workload, equiv)
+    result.update(tp1=tp1, tpn=tpn,
+                  tpn_over_tp1=tpn["output_tokens_per_s"] / tp1["output_tokens_per_s"],
+                  target_tpn_over_tp1=1.6,
+                  workload_greedy=compare_tokens(tp1_out, tpn_out),
+                  equivalence={"max_tokens": args.equiv_max_tokens,
+                               **compare(tp1_equiv, tpn_equiv)})
+    eq = result["equivalence"]
+    print(f"TP={tp} / TP=1: {result['tpn_over_tp1']:.2f}x; identical greedy sequences: "
+          f"workload {result['workload_greedy']['num_identical']}/{len(tp1_out)}, "
+          f"equivalence run {eq['num_identical']}/{eq['num_prompts']} (largest TP=1 top-2 "
+          f"gap at a first divergence: {eq['max_tp1_margin']})", flush=True)
+    out = Path(args.output)
+    write_json(out, result)
+    from minivllm.benchmarks.tensor_parallel_plot import plot_tp_results
+
+    plot_tp_results(result, Path(args.plot) if args.plot else out.with_suffix(".png"))
+    return result
 
 
 def main() -> None:
-    """Parse options, run both engines, print and save the comparison."""
+    """``python -m minivllm.benchmarks.tensor_parallel``: the same as ``minivllm bench tp``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--tensor-parallel-size", type=int, default=2)
-    parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--max-token-id", type=int, default=10000, help="prompt ids in [0, N]")
-    parser.add_argument("--output", default=default_output("tensor_parallel_equivalence.json"))
-    args = parser.parse_args()
-    path = args.model or str(make_random_checkpoint(Path(DEFAULT_CHECKPOINT)))
-    rng = random.Random(0)
-    prompts = [[rng.randint(0, args.max_token_id) for _ in range(rng.randint(16, 512))]
-               for _ in range(args.num_prompts)]
-    # TP=N first: its workers are fresh processes, while after an in-process TP=1 run
-    # this process would still hold GPU 0 memory (its CUDA context and cached blocks)
-    # that rank 0's memory profile would count against its KV budget.
-    other = _generate(path, args.tensor_parallel_size, prompts, args)
-    ref = _generate(path, 1, prompts, args)
-    result = {**environment(), "tensor_parallel_size": args.tensor_parallel_size,
-              "max_tokens": args.max_tokens, "enforce_eager": args.enforce_eager,
-              **compare(ref, other)}
-    print(f"identical greedy sequences: {result['num_identical']}/{result['num_prompts']}")
-    for d in result["divergences"]:
-        print(f"prompt {d['prompt']} diverges at token {d['position']}: tp1 top-2 "
-              f"{d['tp1_top2']} (margin {d['tp1_margin']:.4f}), tp{args.tensor_parallel_size} "
-              f"top-2 {d['tpn_top2']} (margin {d['tpn_margin']:.4f})")
-    write_json(Path(args.output), result)
+    add_tp_args(parser)
+    run_tp_bench(parser.parse_args())
 
 
 if __name__ == "__main__":
