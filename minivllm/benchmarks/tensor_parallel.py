@@ -192,7 +192,8 @@ def _versions() -> dict[str, Any]:
     info: dict[str, Any] = {"nccl_env": {k: os.environ.get(k) for k in _NCCL_ENV}}
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()  # a tuple in recent torch, an int before
+        info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else version
     return info
 
 
