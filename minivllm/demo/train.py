@@ -8,6 +8,10 @@ verse reference such as ``Ge1:1`` is stripped). Every passage is followed by the
 end-of-sequence token, so the model learns to stop at the end of a verse and a demo
 prompt finishes with ``finish_reason="stop"``.
 
+``--tokenizer DIR`` reuses a tokenizer instead of training one: a smaller model trained
+with ``--tokenizer minivllm/demo/model`` shares the demo model's vocabulary, so it can be
+its draft model for speculative decoding (``docs/spec_decode.md``).
+
 Everything that decides the result is an argument and is recorded in ``training_log.json``
 beside the checkpoint: the seed fixes the initial weights and the order of the batches
 (drawn on the CPU, so it is the same on any device), the tokenizer training is
@@ -48,6 +52,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder (a Hugging Face checkpoint)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="reuse the tokenizer in this folder instead of training one (e.g. the demo "
+        "model's, so that the result can draft for it); --vocab-size is then its size",
+    )
     p.add_argument("--hidden-size", type=int, default=256)
     p.add_argument("--num-layers", type=int, default=6)
     p.add_argument("--num-heads", type=int, default=4)
@@ -76,6 +86,10 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in ("steps", "batch_size", "seq_len", "num_layers", "eval_every", "log_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.tokenizer is not None and not os.path.isfile(
+        os.path.join(args.tokenizer, "tokenizer.json")
+    ):
+        raise FileNotFoundError(f"--tokenizer {args.tokenizer!r} holds no tokenizer.json")
     if args.num_heads % args.num_kv_heads or args.hidden_size % args.num_heads:
         raise ValueError(
             "--num-heads must divide --hidden-size and be a multiple of --num-kv-heads"
@@ -268,6 +282,21 @@ def save_checkpoint(model: Any, tokenizer: Any, out: Path) -> None:
         f.chmod(0o644)  # safetensors writes 0600; package data must be world-readable
 
 
+def load_or_train_tokenizer(args: argparse.Namespace, train_text: list[str]) -> Any:
+    """The tokenizer of ``--tokenizer`` (checked to have the special tokens training
+    relies on), or one trained on ``train_text`` with ``--vocab-size`` ids."""
+    if args.tokenizer is None:
+        return train_byte_level_tokenizer(train_text, args.vocab_size)
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(tokenizer, name) is None:
+            raise ValueError(f"--tokenizer {args.tokenizer!r} has no {name}")
+    args.vocab_size = len(tokenizer)
+    return tokenizer
+
+
 def _versions(device: torch.device) -> dict:
     import tokenizers
     import transformers
@@ -303,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     passages = read_passages(args.data)
     train_text, val_text = split_passages(passages, args.val_every)
-    tokenizer = train_byte_level_tokenizer(train_text, args.vocab_size)
+    tokenizer = load_or_train_tokenizer(args, train_text)
     train_ids, val_ids = encode_stream(tokenizer, train_text), encode_stream(tokenizer, val_text)
     print(f"{len(passages)} passages, {len(train_ids)} train / {len(val_ids)} val tokens")
 
@@ -331,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "val_tokens": len(val_ids),
         },
         "tokenizer_sha256": hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest(),
+        "tokenizer_source": args.tokenizer or "trained",
         "model_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
         "num_parameters": n_params,
         "steps": args.steps,
