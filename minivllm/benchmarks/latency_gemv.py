@@ -1,0 +1,83 @@
+"""Batch-1 latency with the small-M GEMM kernel on and off, side by side (GPU only).
+
+``python -m minivllm.benchmarks.latency_gemv --output OUT.json`` runs ``minivllm bench
+latency`` (with a profile of eight decode steps) in fresh processes, alternately with the
+linear layers' small-M kernel off (``MINIVLLM_GEMV_MAX_M=0``: cuBLAS for every shape) and
+on (the default row limit), and writes one JSON with every run, the medians of each side
+and the ratio. Separate processes, because the layers bind their implementation at the
+first forward pass and the captured CUDA graphs keep it; alternating, so that a drift of
+the GPU's clocks over the run shows as a spread between rounds rather than as a ratio.
+Any option after ``--`` goes to ``minivllm bench latency`` unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from minivllm.benchmarks.common import environment
+from minivllm.model_executor.layers.linear import DEFAULT_GEMV_MAX_M, GEMV_MAX_M_ENV
+
+SIDES = {"off": "0", "on": None}  # the environment value of each side (None: unset)
+
+
+def _run_side(side: str, out_dir: Path, round_no: int, extra: list[str]) -> dict[str, Any]:
+    """One ``minivllm bench latency`` process for ``side``; its JSON result."""
+    env = dict(os.environ)
+    env.pop(GEMV_MAX_M_ENV, None)
+    if SIDES[side] is not None:
+        env[GEMV_MAX_M_ENV] = SIDES[side]
+    output = out_dir / f"latency_{side}_{round_no}.json"
+    cmd = [sys.executable, "-m", "minivllm.cli", "bench", "latency", "--output", str(output),
+           "--profile-dir", str(out_dir / f"profile_{side}_{round_no}"), *extra]  # fmt: skip
+    subprocess.run(cmd, env=env, check=True)
+    result = json.loads(output.read_text())
+    profile = result.get("profile", {})
+    # The trace itself stays behind in the temporary folder; keep the summary's top rows.
+    result["profile"] = {k: v for k, v in profile.items() if k != "top"}
+    result["profile"]["top"] = profile.get("top", [])[:15]
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: ``python -m minivllm.benchmarks.latency_gemv``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", default="bench-results/latency_gemv.json")
+    parser.add_argument("--rounds", type=int, default=2, help="off/on pairs to run")
+    parser.add_argument("extra", nargs="*", help="after --: options of minivllm bench latency")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_no in range(args.rounds):
+            for side in SIDES:
+                runs[side].append(_run_side(side, Path(tmp), round_no, args.extra))
+    result: dict[str, Any] = {**environment(), "env_switch": GEMV_MAX_M_ENV,
+                              "gemv_max_m_on": DEFAULT_GEMV_MAX_M, "runs": runs}  # fmt: skip
+    for key in ("median_tpot_ms", "median_ttft_ms"):
+        for side in SIDES:
+            result[f"{side}_{key}"] = statistics.median(r[key] for r in runs[side])
+    for side in SIDES:
+        result[f"{side}_device_busy_ms_per_step"] = statistics.median(
+            r["profile"].get("device_busy_ms_per_step", float("nan")) for r in runs[side]
+        )
+    result["tpot_off_over_on"] = result["off_median_tpot_ms"] / result["on_median_tpot_ms"]
+    print(
+        f"batch-1 TPOT: kernel off {result['off_median_tpot_ms']:.3f} ms, "
+        f"on {result['on_median_tpot_ms']:.3f} ms (x{result['tpot_off_over_on']:.2f})",
+        flush=True,
+    )
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
