@@ -45,14 +45,36 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
-    """Binary search: which sequence owns global q-block ``q_block``.
+def find_seq_idx(
+    query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr, SEARCH_WIDTH: tl.constexpr
+):
+    """Which sequence owns global q-block ``q_block``.
 
     Sequence ``s`` owns the q-blocks ``first(s) = query_start_loc[s] // BLOCK_Q + s``
     onwards. ``first`` is strictly increasing in ``s`` (the ``+ s`` reserves one spare
     block per sequence for its ragged end), so the owner is the last ``s`` with
-    ``first(s) <= q_block``.
+    ``first(s) <= q_block``. Up to ``SEARCH_WIDTH`` sequences one vector load answers
+    it (count the ``s`` with ``first(s) <= q_block``); a binary search needs ``log2``
+    dependent loads, each a full memory round trip at the start of every program, which a
+    small decode step feels. Larger batches (or ``SEARCH_WIDTH == 0``) bisect.
     """
+    seq: tl.int32 = 0
+    if SEARCH_WIDTH > 0:
+        if num_seqs <= SEARCH_WIDTH:
+            s = tl.arange(0, SEARCH_WIDTH)
+            in_batch = s < num_seqs
+            first = tl.load(query_start_loc_ptr + s, mask=in_batch, other=0) // BLOCK_Q + s
+            seq = tl.sum(((first <= q_block) & in_batch).to(tl.int32), axis=0) - 1
+        else:
+            seq = bisect_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    else:
+        seq = bisect_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    return seq
+
+
+@triton.jit
+def bisect_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """Binary search for :func:`find_seq_idx`: the last ``s`` with ``first(s) <= q_block``."""
     lo: tl.int32 = 0
     hi: tl.int32 = num_seqs - 1
     while lo < hi:
@@ -144,17 +166,20 @@ def load_kv_tile(
 
 
 @triton.jit
-def online_softmax_update(scores, m_prev, l_prev):
-    """One step of online softmax over a new tile of ``scores`` (log2 domain, float32).
+def online_softmax_update(scores, qk_scale, m_prev, l_prev):
+    """One step of online softmax over a new tile of raw ``scores`` (``q . k``, float32).
 
-    Returns the new running max ``m`` and sum ``l``, the tile's probabilities ``p``
-    (relative to the new max) and ``alpha``, the factor that rescales everything
+    ``qk_scale`` includes ``log2(e)``, so the softmax runs in the log2 domain with the
+    cheaper ``exp2``; the maximum is taken over the raw scores and scaled once per row
+    (the scale is positive), so each score costs one fused multiply-add on the way into
+    ``exp2``. Returns the new running max ``m`` and sum ``l``, the tile's probabilities
+    ``p`` (relative to the new max) and ``alpha``, the factor that rescales everything
     accumulated so far to the new max. A row whose keys have all been masked so far keeps
     ``m = -inf``; it is shifted by 0 instead, so ``-inf - -inf`` never makes a NaN.
     """
-    m_new = tl.maximum(m_prev, tl.max(scores, axis=1))
+    m_new = tl.maximum(m_prev, tl.max(scores, axis=1) * qk_scale)
     m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(scores - m_shift[:, None])
+    p = tl.exp2(scores * qk_scale - m_shift[:, None])
     alpha = tl.exp2(m_prev - m_shift)
     l_new = l_prev * alpha + tl.sum(p, axis=1)
     return m_new, l_new, p, alpha
@@ -209,11 +234,10 @@ def attend_tile(
         scores = tl.dot(q, k, input_precision=DOT_PRECISION)
     else:
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    scores = scores * qk_scale
     if MASKED:
         visible = key_mask[None, :] & (key_pos[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))
-    m, l, p, alpha = online_softmax_update(scores, m, l)  # noqa: E741
+    m, l, p, alpha = online_softmax_update(scores, qk_scale, m, l)  # noqa: E741
     # P is rounded to the cache dtype (bf16) to feed the tensor cores, as FlashAttention
     # does; the accumulator stays float32.
     p = p.to(v_cache_ptr.dtype.element_ty).to(v.dtype)
@@ -261,6 +285,7 @@ def kernel_unified_attention(
     K_TRANSPOSED: tl.constexpr,
     LONGEST_FIRST: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,
+    SEARCH_WIDTH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -278,7 +303,7 @@ def kernel_unified_attention(
     segment = tl.program_id(1)
 
     # -- which sequence, and which of its tokens, this program serves ----------------
-    seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q, SEARCH_WIDTH)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -381,8 +406,11 @@ class AttentionLaunchConfig:
     k_transposed: bool = False  # load K as [head, keys] instead of [keys, head]
     longest_first: bool = True  # start the q-blocks with the most keys first
     fused_reduce: bool = True  # split-KV: the last segment merges (no reduce launch)
+    flat_search: bool = True  # find the sequence with one vector load (small batches)
 
 
+# Batches of up to this many sequences find their sequence with one vector load.
+FLAT_SEARCH_WIDTH = 256
 # Tuned on an H200 (see docs/benchmarks/kernel.json and the PagedAttention chapter).
 DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES = 64, 4, 2
 # From this many sequences on, decode uses longer key tiles with a deeper pipeline: with
@@ -566,6 +594,7 @@ def launch_unified_attention(
         K_TRANSPOSED=config.k_transposed,
         LONGEST_FIRST=config.longest_first,
         FUSED_REDUCE=fused,
+        SEARCH_WIDTH=FLAT_SEARCH_WIDTH if config.flat_search else 0,
         # float32 runs in exact IEEE mode (tf32 would cost ~1e-3 relative error).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRETED,

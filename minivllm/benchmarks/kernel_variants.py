@@ -382,7 +382,8 @@ def sweep_decode(sweep: Sweep, timer: Timer, copy_bw: float) -> None:
             for s in segments
             if fused // 2 <= s <= fused * 2
         ]
-        # The previous code path (per-key table loads, K transposed, every tile masked).
+        # The previous code path (per-key table loads, K transposed, every tile masked,
+        # binary search), and the binary search alone.
         old = replace(
             DECODE_BASE,
             num_segments=fused,
@@ -390,8 +391,11 @@ def sweep_decode(sweep: Sweep, timer: Timer, copy_bw: float) -> None:
             page_tiles=False,
             k_transposed=True,
             longest_first=False,
+            flat_search=False,
         )
         shape_rows.append(_decode_row(case, old, timer, copy_bw, sdpa_ms))
+        bisect = replace(DECODE_BASE, num_segments=fused, flat_search=False)
+        shape_rows.append(_decode_row(case, bisect, timer, copy_bw, sdpa_ms))
         rows += shape_rows
         best = min((r for r in shape_rows if "ms" in r), key=lambda r: r["ms"])
         c = best["config"]
