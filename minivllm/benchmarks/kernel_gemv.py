@@ -45,32 +45,21 @@ SHAPES = (
 BATCHES = (1, 2, 4, 8)
 # tensor-core candidates (block_n, block_k, num_warps, num_stages); BLOCK_M is 16.
 DOT_CONFIGS = (
-    (16, 128, 4, 4),
-    (16, 256, 4, 3),
-    (16, 256, 4, 4),
-    (16, 512, 4, 3),
-    (16, 512, 8, 3),
-    (32, 128, 4, 4),
-    (32, 256, 4, 3),
-    (32, 256, 8, 3),
-    (64, 128, 4, 3),
-    (64, 256, 8, 3),
-)
+    (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (16, 128, 4, 4), (32, 128, 4, 4),
+    (64, 128, 4, 3), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 8, 3), (64, 256, 8, 3),
+    (16, 128, 2, 4), (16, 256, 2, 3), (16, 1024, 8, 2),
+)  # fmt: skip
 # CUDA-core candidates (block_n, block_k, num_warps, num_stages), for M <= 4.
 FMA_CONFIGS = (
-    (4, 512, 4, 2),
-    (8, 256, 4, 2),
-    (8, 512, 4, 2),
-    (8, 512, 4, 3),
-    (16, 256, 4, 2),
-    (8, 1024, 8, 2),
-)
+    (8, 512, 4, 2), (16, 256, 4, 2), (8, 256, 4, 2), (4, 512, 4, 2), (8, 512, 4, 3),
+    (8, 1024, 8, 2), (16, 512, 8, 2), (4, 1024, 4, 2), (8, 256, 2, 3), (4, 256, 2, 3),
+)  # fmt: skip
 L2_FLUSH_BYTES = 256 << 20  # rotate weight copies totalling at least this much
 
 
 def split_counts(n: int) -> tuple[int, ...]:
     """Split-K counts worth trying: narrow layers have too few output tiles to fill the GPU."""
-    return (1, 2, 4, 8) if n <= 2048 else (1,)
+    return (1, 2, 4, 8) if n <= 2048 else (1, 2) if n <= 8192 else (1,)
 
 
 def _time_graph(calls: list[Callable[[], object]], replays: int = 10) -> float:
@@ -148,19 +137,76 @@ class Shape:
 
 
 def candidate_configs(m: int, n: int) -> list:
-    """Every configuration the sweep tries for M = ``m`` on a layer with ``n`` outputs."""
+    """Every configuration the sweep tries for M = ``m`` on a layer with ``n`` outputs,
+    tensor-core and CUDA-core tilings alternating (so a time budget cuts both alike)."""
     from minivllm.model_executor.layers.triton_skinny_gemm import GemvConfig
 
-    out = [
-        GemvConfig(bn, bk, s, w, st, use_dot=True)
-        for (bn, bk, w, st), s in itertools.product(DOT_CONFIGS, split_counts(n))
-    ]
+    bases = [(cfg, True) for cfg in DOT_CONFIGS]
     if m <= 4:
-        out += [
-            GemvConfig(bn, bk, s, w, st, use_dot=False)
-            for (bn, bk, w, st), s in itertools.product(FMA_CONFIGS, split_counts(n))
-        ]
-    return out
+        block_m = triton_next_power_of_2(m)
+        # Drop CUDA-core tiles whose product tile would not fit in 128 registers a thread.
+        fma = [c for c in FMA_CONFIGS if block_m * c[0] * c[1] <= 128 * 32 * c[2]]
+        bases = [b for pair in itertools.zip_longest(bases, [(c, False) for c in fma])
+                 for b in pair if b is not None]  # fmt: skip
+    return [GemvConfig(bn, bk, s, w, st, use_dot=dot)
+            for ((bn, bk, w, st), dot), s in itertools.product(bases, split_counts(n))]  # fmt: skip
+
+
+def triton_next_power_of_2(m: int) -> int:
+    """``triton.next_power_of_2`` without importing Triton in the parent of the compilers."""
+    return 1 << max(0, m - 1).bit_length()
+
+
+def _compile_variants(jobs: list[tuple[int, dict]]) -> int:
+    """Compile each ``(m, config)`` by launching it on small inputs that Triton specialises
+    like the real shapes (every size a multiple of 16); runs in a worker process and fills
+    Triton's on-disk cache, from which the timing process then loads every variant."""
+    from minivllm.model_executor.layers.triton_skinny_gemm import GemvConfig, launch_skinny_gemm
+
+    x = torch.randn(8, 256, dtype=DTYPE, device="cuda")
+    w = torch.randn(64, 256, dtype=DTYPE, device="cuda")
+    out = torch.empty(8, 64, dtype=DTYPE, device="cuda")
+    done = 0
+    for m, config in jobs:
+        try:
+            launch_skinny_gemm(out[:m], x[:m], w, None, GemvConfig(**config))
+            done += 1
+        except Exception:  # noqa: BLE001 - the sweep records the error when it meets it
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def compile_in_parallel(jobs: list[tuple[int, dict]], workers: int) -> float:
+    """Compile the sweep's kernel variants in ``workers`` processes; seconds taken.
+
+    Compilation, not timing, is what a sweep of a few hundred variants spends its time
+    on, and it runs on one CPU core per process.
+    """
+    import concurrent.futures
+    import multiprocessing
+
+    start = time.monotonic()
+    chunks = [jobs[i::workers] for i in range(workers)]
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        # By module path, so the spawned workers import it (this file may be __main__).
+        from minivllm.benchmarks import kernel_gemv
+
+        done = sum(pool.map(kernel_gemv._compile_variants, [c for c in chunks if c]))
+    print(f"compiled {done}/{len(jobs)} variants in {time.monotonic() - start:.1f} s", flush=True)
+    return time.monotonic() - start
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[int, dict]]:
+    """The distinct compiled variants the sweep launches: (a representative M, config)."""
+    seen: dict[tuple, tuple[int, dict]] = {}
+    for m in args.batches:
+        for _, n, _ in SHAPES:
+            for cfg in candidate_configs(m, n):
+                block_m = 16 if cfg.use_dot else triton_next_power_of_2(m)
+                seen.setdefault((block_m, *cfg.__dict__.values()), (m, dict(cfg.__dict__)))
+    return list(seen.values())
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -180,6 +226,8 @@ def run(args: argparse.Namespace) -> dict:
         "rows": [],
     }
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
+    if args.sweep and args.compile_workers > 0:
+        result["compile_s"] = compile_in_parallel(_variants(args), args.compile_workers)
     shapes = [s for s in SHAPES if s[0] in args.layers]
     for m in args.batches:
         for name, n, k in shapes:
@@ -255,6 +303,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument(
         "--layers", nargs="+", default=[s[0] for s in SHAPES], choices=[s[0] for s in SHAPES]
+    )
+    parser.add_argument(
+        "--compile-workers",
+        type=int,
+        default=12,
+        help="processes that compile the sweep's variants first (0: compile as met)",
     )
     parser.add_argument(
         "--budget-s",

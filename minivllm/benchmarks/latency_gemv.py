@@ -28,8 +28,10 @@ from minivllm.model_executor.layers.linear import DEFAULT_GEMV_MAX_M, GEMV_MAX_M
 SIDES = {"off": "0", "on": None}  # the environment value of each side (None: unset)
 
 
-def _run_side(side: str, out_dir: Path, round_no: int, extra: list[str]) -> dict[str, Any]:
-    """One ``minivllm bench latency`` process for ``side``; its JSON result."""
+def _run_side(
+    side: str, out_dir: Path, round_no: int, extra: list[str], timeout_s: float
+) -> dict[str, Any]:
+    """One ``minivllm bench latency`` process for ``side``; its JSON result (or the error)."""
     env = dict(os.environ)
     env.pop(GEMV_MAX_M_ENV, None)
     if SIDES[side] is not None:
@@ -37,7 +39,11 @@ def _run_side(side: str, out_dir: Path, round_no: int, extra: list[str]) -> dict
     output = out_dir / f"latency_{side}_{round_no}.json"
     cmd = [sys.executable, "-m", "minivllm.cli", "bench", "latency", "--output", str(output),
            "--profile-dir", str(out_dir / f"profile_{side}_{round_no}"), *extra]  # fmt: skip
-    subprocess.run(cmd, env=env, check=True)
+    try:
+        subprocess.run(cmd, env=env, check=True, timeout=timeout_s)  # kills it on timeout
+    except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
+        print(f"latency_gemv: the {side} run failed: {exc}", flush=True)
+        return {"error": str(exc)}
     result = json.loads(output.read_text())
     profile = result.get("profile", {})
     # The trace itself stays behind in the temporary folder; keep the summary's top rows.
@@ -51,6 +57,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default="bench-results/latency_gemv.json")
     parser.add_argument("--rounds", type=int, default=2, help="off/on pairs to run")
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=600.0,
+        help="stop a bench latency process that runs longer than this",
+    )
     parser.add_argument("extra", nargs="*", help="after --: options of minivllm bench latency")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -59,22 +71,23 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for round_no in range(args.rounds):
             for side in SIDES:
-                runs[side].append(_run_side(side, Path(tmp), round_no, args.extra))
+                runs[side].append(_run_side(side, Path(tmp), round_no, args.extra, args.timeout_s))
     result: dict[str, Any] = {**environment(), "env_switch": GEMV_MAX_M_ENV,
                               "gemv_max_m_on": DEFAULT_GEMV_MAX_M, "runs": runs}  # fmt: skip
-    for key in ("median_tpot_ms", "median_ttft_ms"):
-        for side in SIDES:
-            result[f"{side}_{key}"] = statistics.median(r[key] for r in runs[side])
+    ok = {side: [r for r in runs[side] if "error" not in r] for side in SIDES}
     for side in SIDES:
-        result[f"{side}_device_busy_ms_per_step"] = statistics.median(
-            r["profile"].get("device_busy_ms_per_step", float("nan")) for r in runs[side]
+        for key in ("median_tpot_ms", "median_ttft_ms"):
+            values = [r[key] for r in ok[side]]
+            result[f"{side}_{key}"] = statistics.median(values) if values else None
+        busy = [r["profile"].get("device_busy_ms_per_step") for r in ok[side]]
+        result[f"{side}_device_busy_ms_per_step"] = statistics.median(busy) if busy else None
+    if result["off_median_tpot_ms"] and result["on_median_tpot_ms"]:
+        result["tpot_off_over_on"] = result["off_median_tpot_ms"] / result["on_median_tpot_ms"]
+        print(
+            f"batch-1 TPOT: kernel off {result['off_median_tpot_ms']:.3f} ms, "
+            f"on {result['on_median_tpot_ms']:.3f} ms (x{result['tpot_off_over_on']:.2f})",
+            flush=True,
         )
-    result["tpot_off_over_on"] = result["off_median_tpot_ms"] / result["on_median_tpot_ms"]
-    print(
-        f"batch-1 TPOT: kernel off {result['off_median_tpot_ms']:.3f} ms, "
-        f"on {result['on_median_tpot_ms']:.3f} ms (x{result['tpot_off_over_on']:.2f})",
-        flush=True,
-    )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
 
