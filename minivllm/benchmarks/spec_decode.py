@@ -183,22 +183,30 @@ def measure_batch1(llm, prompts: list[list[int]], output_len: int) -> dict[str, 
 
 
 def measure_throughput(llm, workload: Workload) -> dict[str, Any]:
-    """Output tokens per second on the workload, greedy, after one warm-up run."""
+    """Output tokens per second on the workload, greedy.
+
+    A warm-up first runs every prompt for at most 32 tokens: the batch shapes of the
+    prefills and of the full-batch decode and verification steps get their kernels
+    compiled and graphs used, at an eighth of a full run's cost.
+    """
     from minivllm import SamplingParams
 
+    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
+    warm = [
+        SamplingParams(temperature=0.0, max_tokens=min(n, 32), ignore_eos=True)
+        for n in workload.output_lens
+    ]
+    llm.generate(prompts, warm, use_tqdm=False)
     params = [
         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens
     ]
-    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
-    outputs = None
-    for _ in range(2):  # the first run compiles what the batch shapes need
-        llm.reset_prefix_cache()
-        before = llm.llm_engine.stats.spec_decoding_stats
-        cuda_sync()
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        cuda_sync()
-        seconds = time.perf_counter() - start
+    llm.reset_prefix_cache()
+    before = llm.llm_engine.stats.spec_decoding_stats
+    cuda_sync()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    cuda_sync()
+    seconds = time.perf_counter() - start
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     entry = {
         "seconds": seconds,
@@ -222,11 +230,10 @@ def _spec_config(method: str, k: int, args: argparse.Namespace) -> dict[str, Any
     return {"method": "draft_model", "model": args.draft_model, "num_speculative_tokens": k}
 
 
-def _release(llm) -> None:
+def _free_device_memory() -> None:
+    """Return the last engine's memory, so the next one's KV pool is sized as alone."""
     import torch
 
-    llm.shutdown()
-    del llm
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -250,6 +257,7 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"bench spec: draft model k={k} failed: {exc!r}", flush=True)
         else:
             bench.run_setting(method, k)
+        _free_device_memory()
         write_json(Path(args.output), bench.result)  # what ran so far survives a failure
     if not args.no_plot:
         from minivllm.benchmarks.spec_decode_plot import plot_spec_results
@@ -332,7 +340,7 @@ class SpecBench:
             if in_throughput:
                 self._throughput(llm, method, k, async_scheduling)
         finally:
-            _release(llm)
+            llm.shutdown()
 
     def _batch1(self, llm, method: str, k: int, async_scheduling: bool) -> None:
         run = measure_batch1(llm, self.prompts, self.args.output_len)

@@ -88,18 +88,23 @@ PASSAGES = (
 def repetitive_prompts(tokenizer, num_prompts: int, vocab_size: int, seed: int = 0,
                        passage_len: int = 48) -> list[list[int]]:
     """Prompts that repeat themselves, the workload speculative decoding's n-gram
-    proposer feeds on (``bench spec``): each quotes a passage twice.
+    proposer feeds on (``bench spec``): each quotes a passage twice and begins it a
+    third time.
 
     With a tokenizer the passages are English (``PASSAGES``, cycled); without one (a
     random-weight checkpoint) each prompt is a made-up passage of ``passage_len`` token
-    ids below ``vocab_size``, twice.
+    ids below ``vocab_size``, twice. Whether the model goes on copying is the model's
+    business; a small one rather repeats its own phrases, which n-gram drafts feed on
+    as well.
     """
     rng = random.Random(seed)
     prompts = []
     for i in range(num_prompts):
         if tokenizer is not None:
             passage = PASSAGES[i % len(PASSAGES)]
-            text = f"Repeat this passage word for word.\n\n{passage}\n\n{passage}\n\n"
+            words = passage.split()
+            start = " ".join(words[: len(words) // 3])  # the third copy, begun
+            text = f"Repeat this passage word for word.\n{passage}\n{passage}\n{start}"
             prompts.append(list(tokenizer.encode(text)))
         else:
             low, high = min(100, vocab_size // 2), min(vocab_size, 10000)

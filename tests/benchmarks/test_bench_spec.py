@@ -1,0 +1,119 @@
+"""``minivllm bench spec`` runs end to end on the CPU (demo model, tiny counts).
+
+Not timings: the test keeps the command from rotting between GPU runs, checks the
+JSON's shape, and checks that every comparison is computed from the runs it compares.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minivllm.benchmarks.spec_decode_plot import plot_spec_results
+from minivllm.benchmarks.workloads import repetitive_prompts
+from minivllm.cli import main
+from minivllm.demo import demo_model_path
+
+SMALL = [
+    "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "4",
+    "--max-num-batched-tokens", "256", "--num-prompts", "2", "--output-len", "32",
+    "--num-requests", "3", "--input-len-range", "4", "10", "--output-len-range", "2", "6",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("spec") / "spec.json"
+    demo = str(demo_model_path())
+    argv = ["bench", "spec", "--model", demo, "--ks", "2", "--throughput-k", "2",
+            "--draft-model", demo, "--draft-ks", "2", "--output", str(out), "--allow-cpu",
+            *SMALL]  # fmt: skip
+    assert main(argv) == 0
+    assert out.with_suffix(".png").is_file()
+    return json.loads(out.read_text())
+
+
+def test_records_command_and_environment(result) -> None:
+    assert "bench spec" in result["command"] and "--ks 2" in result["command"]
+    assert {"torch", "triton", "gpu", "transformers"} <= set(result)
+    assert result["workload"]["text"] and result["workload"]["num_prompts"] == 2
+
+
+def test_batch1_comparisons_come_from_the_runs(result) -> None:
+    b1 = result["batch1"]
+    off = b1["off"]
+    assert list(b1["ngram"]) == ["2"]
+    for k, entry in b1["ngram"].items():
+        assert entry["k"] == int(k) and not entry["async_scheduling"]
+        assert entry["speedup_tpot"] == pytest.approx(off["tpot_ms"] / entry["tpot_ms"])
+        assert entry["tpot_ms"] == pytest.approx(
+            1e3 * entry["seconds"] / (entry["output_tokens"] - 2)
+        )  # all but each first
+        # Greedy speculation is lossless on the CPU in float32: every request identical.
+        assert entry["identical_to_off"] == 2
+        # The repetitive prompts give the proposer matches; the statistics add up.
+        assert entry["num_draft_tokens"] > 0
+        assert entry["acceptance_rate"] == pytest.approx(
+            entry["num_accepted_tokens"] / entry["num_draft_tokens"]
+        )
+        assert entry["mean_acceptance_length"] == pytest.approx(
+            1 + entry["num_accepted_tokens"] / entry["num_drafts"]
+        )
+        assert len(entry["acceptance_rate_per_pos"]) == int(k)
+        assert (
+            sorted(entry["acceptance_rate_per_pos"], reverse=True)
+            == (entry["acceptance_rate_per_pos"])
+        )
+        assert entry["tokens_per_step"] > 1  # accepted drafts: fewer steps than tokens
+    assert off["tokens_per_step"] == pytest.approx(1.0, abs=0.1)
+    assert "acceptance_rate" not in off
+
+
+def test_throughput_ratio_comes_from_the_runs(result) -> None:
+    t = result["throughput"]
+    assert t["num_requests"] == 3 and t["ngram"]["k"] == 2
+    assert t["off"]["output_tokens"] == t["ngram"]["output_tokens"]
+    assert t["ratio_on_over_off"] == pytest.approx(
+        t["ngram"]["output_tokens_per_s"] / t["off"]["output_tokens_per_s"]
+    )
+    assert 0 <= t["identical_requests"] <= 3
+
+
+def test_draft_model_measured_or_skipped_with_a_reason(result) -> None:
+    draft = result["batch1"]["draft_model"]
+    if "skipped" in draft:
+        assert "draft-model proposer" in draft["skipped"]
+        return
+    assert list(draft) == ["2"]
+    entry = draft["2"]
+    assert "error" not in entry, entry.get("error")
+    assert entry["identical_to_off"] == 2  # the draft is the target: every draft accepted
+    assert entry["acceptance_rate"] == pytest.approx(1.0)
+
+
+def test_plot_redraws_from_json(result, tmp_path) -> None:
+    plot_spec_results(result, tmp_path / "again.png")
+    assert (tmp_path / "again.png").stat().st_size > 10_000
+
+
+def test_refuses_a_cpu_without_allow_cpu(capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("there is a GPU")
+    assert main(["bench", "spec", "--ks", "2"]) == 2
+    assert "--allow-cpu" in capsys.readouterr().err
+
+
+def test_bad_arguments_named(tmp_path, capsys) -> None:
+    assert main(["bench", "spec", "--ks", "0", "--allow-cpu"]) == 2
+    assert "--ks" in capsys.readouterr().err
+    assert main(["bench", "spec", "--draft-model", str(tmp_path), "--allow-cpu"]) == 2
+    assert "--draft-model" in capsys.readouterr().err
+
+
+def test_repetitive_prompts_repeat() -> None:
+    ids = repetitive_prompts(None, 2, vocab_size=512)
+    assert all(p[: len(p) // 2] == p[len(p) // 2 :] for p in ids)
+    assert all(0 <= t < 512 for p in ids for t in p)
