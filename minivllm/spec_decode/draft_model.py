@@ -33,6 +33,7 @@ same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,6 +115,8 @@ class DraftModelProposer:
         self.scratch_per_row = cdiv(num_speculative_tokens, block_size)
         self.num_scratch_blocks = max_num_seqs * self.scratch_per_row
         self.num_blocks: int | None = None
+        # The runner's CUDAGraphRunner for the draft (graph_key / run), or None: eager.
+        self.graphs: Any = None
 
     def set_num_blocks(self, num_blocks: int) -> None:
         """The pool's size: the draft's cache holds these blocks, then the scratch."""
@@ -238,9 +241,15 @@ class DraftModelProposer:
         meta: AttentionMetadata,
         sample_idx: torch.Tensor | None,
     ) -> torch.Tensor:
-        """One forward pass of the draft; the argmax at ``sample_idx`` (every row if None)."""
-        with set_forward_context(meta):
-            hidden = self.model(input_ids, positions)
+        """One forward pass of the draft (a captured graph when one fits); the argmax at
+        ``sample_idx`` (every row if None)."""
+        graphs = self.graphs
+        key = None if graphs is None else graphs.graph_key(meta, input_ids.shape[0])
+        if key is not None:
+            hidden = graphs.run(key, input_ids, positions, meta)
+        else:
+            with set_forward_context(meta):
+                hidden = self.model(input_ids, positions)
         if sample_idx is not None:
             hidden = hidden[sample_idx]
         return self.model.compute_logits(hidden).argmax(dim=-1)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from minivllm.attention.selector import get_attn_backend
-from minivllm.config import VllmConfig
+from minivllm.config import ModelConfig, VllmConfig
 from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput
 from minivllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from minivllm.forward_context import AttentionMetadata, set_forward_context
@@ -195,18 +195,30 @@ class ModelRunner:
         kernel_warmup(self)  # before the graphs: no variant may compile mid-run
         if not self.vllm_config.enforce_eager:
             spec = self.vllm_config.speculative_config  # verify steps get graphs of their own
-            self.cuda_graph_runner = CUDAGraphRunner(
-                self.model,
-                max_num_seqs=self.scheduler_config.max_num_seqs,
-                max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
-                max_model_len=self.model_config.max_model_len,
-                block_size=self.block_size,
-                hidden_size=self.model_config.hf_config.hidden_size,
-                dtype=self.model_config.dtype,
-                device=self.device,
-                num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-            )
-            self.cuda_graph_runner.capture()
+            k = spec.num_speculative_tokens if spec else 0
+            self.cuda_graph_runner = self._capture_graphs(self.model, self.model_config, k)
+            if self.drafter is not None:
+                # The chain's passes are decode steps; a catch-up pass after a verify
+                # step has up to k + 2 tokens per request (k + 1 kept, one new).
+                draft_config = spec.draft_model_config
+                self.drafter.graphs = self._capture_graphs(self.drafter.model, draft_config, k + 1)
+
+    def _capture_graphs(
+        self, model: torch.nn.Module, model_config: ModelConfig, num_speculative_tokens: int
+    ) -> CUDAGraphRunner:
+        graphs = CUDAGraphRunner(
+            model,
+            max_num_seqs=self.scheduler_config.max_num_seqs,
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+            max_model_len=self.model_config.max_model_len,
+            block_size=self.block_size,
+            hidden_size=model_config.hf_config.hidden_size,
+            dtype=self.model_config.dtype,
+            device=self.device,
+            num_speculative_tokens=num_speculative_tokens,
+        )
+        graphs.capture()
+        return graphs
 
     # ---- one step --------------------------------------------------------------------
 
