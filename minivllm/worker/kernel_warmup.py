@@ -37,6 +37,14 @@ def kernel_warmup(runner: Any) -> None:
     key_cache, value_cache = runner.kv_caches[0]
     start = time.perf_counter()
     count = warm_up_attention(key_cache, value_cache, num_heads, runner.model_config.max_model_len)
+    if getattr(runner, "drafter", None) is not None:
+        # A draft model's head counts and head size make variants of their own.
+        from minivllm.worker.kv_cache import attention_layers
+
+        key_cache, value_cache = runner.draft_kv_caches[0]
+        num_heads = attention_layers(runner.drafter.model)[0].num_heads
+        max_len = runner.model_config.max_model_len
+        count += warm_up_attention(key_cache, value_cache, num_heads, max_len)
     torch.cuda.synchronize(runner.device)
     logger.info(
         "compiled %d attention kernel variants in %.1f s", count, time.perf_counter() - start
