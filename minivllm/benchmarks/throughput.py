@@ -39,7 +39,7 @@ def add_engine_bench_args(parser: argparse.ArgumentParser, output: str) -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--async-scheduling", choices=["auto", "on", "off"], default="auto",
-                        help="keep one step in flight (auto: on with one rank)")
+                        help="keep one step in flight (auto: on unless speculating)")
 
 
 def add_throughput_args(parser: argparse.ArgumentParser) -> None:
