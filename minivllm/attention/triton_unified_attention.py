@@ -122,7 +122,10 @@ def kv_tile_offsets(
         ).to(tl.int64)
         row = tile_start % BLOCK_SIZE + tl.arange(0, ROWS)
         offsets = physical_block[:, None] * stride_c_block + row[None, :] * stride_c_slot
-        offsets = tl.reshape(offsets, [TILE_N])
+        # The reshape hides from Triton that every offset is a multiple of 16 elements
+        # (the launcher only picks this path when the cache strides are); without the
+        # hint the K/V loads cannot be vectorised, nor prefetched by the pipeliner.
+        offsets = tl.multiple_of(tl.reshape(offsets, [TILE_N]), 16)
     else:
         physical_block = tl.load(
             block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_mask, other=0
@@ -534,6 +537,15 @@ def launch_configs(
     return configs
 
 
+def _page_tiles_fit(key_cache: torch.Tensor) -> bool:
+    """Whether :func:`kv_tile_offsets` may read the block table once per page: the tile
+    and the page must divide one another (a power-of-two block size), and every cache
+    stride must be a multiple of 16 elements (the alignment it promises Triton)."""
+    block_size = key_cache.shape[1]
+    aligned = all(stride % 16 == 0 for stride in key_cache.stride()[:3])
+    return block_size & (block_size - 1) == 0 and aligned
+
+
 def launch_unified_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -589,8 +601,7 @@ def launch_unified_attention(
         TILE_N=config.tile_n,
         NUM_SEGMENTS=segments,
         DIAGONAL_SPLIT=config.diagonal_split,
-        # Page-sized tiles need the tile and the page to divide one another.
-        PAGE_TILES=config.page_tiles and block_size & (block_size - 1) == 0,
+        PAGE_TILES=config.page_tiles and _page_tiles_fit(key_cache),
         K_TRANSPOSED=config.k_transposed,
         LONGEST_FIRST=config.longest_first,
         FUSED_REDUCE=fused,

@@ -69,16 +69,16 @@ PREFILL_FLAGS = (
     ("longest_first", True),
     ("k_transposed", False),
 )
+# Tile shapes that compile for sm_90 without spilling registers (checked with Triton 3.6's
+# cuobjdump resource usage); 128 x 64 with 4 warps and 256 rows with 8 warps spill.
 PREFILL_TILES = (  # block_m, tile_n, warps, stages
     (128, 64, 8, 2),
     (128, 64, 8, 3),
     (128, 64, 8, 4),
     (128, 128, 8, 3),
-    (128, 64, 4, 3),
-    (128, 32, 4, 4),
     (64, 64, 4, 3),
-    (256, 64, 8, 2),
-    (256, 64, 8, 3),
+    (256, 64, 16, 2),
+    (256, 64, 16, 3),
     (256, 128, 16, 2),
 )
 DECODE_BASE = AttentionLaunchConfig(16, 64, 4, 2, 1)
