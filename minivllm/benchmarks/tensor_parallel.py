@@ -73,19 +73,35 @@ def add_tp_args(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``minivllm bench tp``."""
     add_engine_bench_args(parser, default_output("tensor_parallel.json"))
     parser.set_defaults(tensor_parallel_size=2)
-    parser.add_argument("--num-requests", type=int, default=256,
-                        help="requests of the throughput workload (the published one: 256)")
+    parser.add_argument(
+        "--num-requests",
+        type=int,
+        default=256,
+        help="requests of the throughput workload (the published one: 256)",
+    )
     parser.add_argument("--input-len-range", type=int, nargs=2, default=[100, 1024])
     parser.add_argument("--output-len-range", type=int, nargs=2, default=[100, 1024])
-    parser.add_argument("--warmup-requests", type=int, default=32,
-                        help="warm up on the workload's first N requests (16 tokens each)")
-    parser.add_argument("--equiv-requests", type=int, default=64,
-                        help="greedy equivalence run with top-2 logprobs on the first N prompts")
+    parser.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=32,
+        help="warm up on the workload's first N requests (16 tokens each)",
+    )
+    parser.add_argument(
+        "--equiv-requests",
+        type=int,
+        default=64,
+        help="greedy equivalence run with top-2 logprobs on the first N prompts",
+    )
     parser.add_argument("--equiv-max-tokens", type=int, default=128)
-    parser.add_argument("--compare-sync", action="store_true",
-                        help="time TP=N once more with async scheduling off (same engine)")
-    parser.add_argument("--plot", default=None,
-                        help="PNG of the results (default: the JSON's path with .png)")
+    parser.add_argument(
+        "--compare-sync",
+        action="store_true",
+        help="time TP=N once more with async scheduling off (same engine)",
+    )
+    parser.add_argument(
+        "--plot", default=None, help="PNG of the results (default: the JSON's path with .png)"
+    )
 
 
 def make_qwen3_8b_checkpoint(path: Path) -> Path:
@@ -109,8 +125,10 @@ def _greedy_run(llm, workload: Workload, logprobs: int | None = None) -> tuple[l
     from minivllm import SamplingParams
 
     llm.reset_prefix_cache()
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=logprobs)
-              for n in workload.output_lens]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=logprobs)
+        for n in workload.output_lens
+    ]
     prompts = [{"prompt_token_ids": p} for p in workload.prompts]
     outputs, seconds = timed(llm.generate, prompts, params, use_tqdm=False)
     completions = [o.outputs[0] for o in outputs]
@@ -120,8 +138,9 @@ def _greedy_run(llm, workload: Workload, logprobs: int | None = None) -> tuple[l
     return completions, seconds
 
 
-def run_engine(args: argparse.Namespace, path: str, tp: int, workload: Workload,
-               equiv: Workload) -> tuple[dict[str, Any], list, list]:
+def run_engine(
+    args: argparse.Namespace, path: str, tp: int, workload: Workload, equiv: Workload
+) -> tuple[dict[str, Any], list, list]:
     """One engine at ``tp`` ranks: its figures, the timed run's completions and the
     equivalence run's (which carry logprobs)."""
     llm, startup = timed(build_llm, args, path, tensor_parallel_size=tp)
@@ -131,14 +150,20 @@ def run_engine(args: argparse.Namespace, path: str, tp: int, workload: Workload,
         completions, seconds = _greedy_run(llm, workload)
         core = llm.llm_engine.engine_core.engine_core
         figures: dict[str, Any] = {
-            "tensor_parallel_size": tp, "startup_s": startup, "seconds": seconds,
+            "tensor_parallel_size": tp,
+            "startup_s": startup,
+            "seconds": seconds,
             "async_scheduling": core.async_scheduling,
             "output_tokens_per_s": workload.num_output_tokens / seconds,
-            "total_tokens_per_s":
-                (workload.num_output_tokens + workload.num_prompt_tokens) / seconds,
-            **engine_figures(llm)}
-        print(f"TP={tp}: {figures['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s "
-              f"(start-up {startup:.1f} s)", flush=True)
+            "total_tokens_per_s": (workload.num_output_tokens + workload.num_prompt_tokens)
+            / seconds,
+            **engine_figures(llm),
+        }
+        print(
+            f"TP={tp}: {figures['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s "
+            f"(start-up {startup:.1f} s)",
+            flush=True,
+        )
         if args.compare_sync and tp > 1 and core.async_scheduling:
             figures["sync"] = compare_sync(llm, workload, seconds)
         equiv_out, _ = _greedy_run(llm, equiv, logprobs=2)
@@ -169,14 +194,23 @@ def compare(ref: list, other: list) -> dict[str, Any]:
         if k is None:
             continue
         top_a, top_b = _top2(a.logprobs[k]), _top2(b.logprobs[k])
-        divergences.append({
-            "prompt": i, "position": k,
-            "tp1_top2": top_a, "tpn_top2": top_b,
-            "tp1_margin": top_a[0][1] - top_a[1][1], "tpn_margin": top_b[0][1] - top_b[1][1],
-        })
+        divergences.append(
+            {
+                "prompt": i,
+                "position": k,
+                "tp1_top2": top_a,
+                "tpn_top2": top_b,
+                "tp1_margin": top_a[0][1] - top_a[1][1],
+                "tpn_margin": top_b[0][1] - top_b[1][1],
+            }
+        )
     margins = [d["tp1_margin"] for d in divergences]
-    return {"num_prompts": len(ref), "num_identical": len(ref) - len(divergences),
-            "max_tp1_margin": max(margins, default=None), "divergences": divergences}
+    return {
+        "num_prompts": len(ref),
+        "num_identical": len(ref) - len(divergences),
+        "max_tp1_margin": max(margins, default=None),
+        "divergences": divergences,
+    }
 
 
 def compare_tokens(ref: list, other: list) -> dict[str, Any]:
@@ -184,8 +218,11 @@ def compare_tokens(ref: list, other: list) -> dict[str, Any]:
     first differ (tokens only: the timed runs carry no logprobs)."""
     positions = [_first_divergence(a.token_ids, b.token_ids) for a, b in zip(ref, other)]
     diverged = [k for k in positions if k is not None]
-    return {"num_sequences": len(ref), "num_identical": len(ref) - len(diverged),
-            "first_divergence_positions": diverged}
+    return {
+        "num_sequences": len(ref),
+        "num_identical": len(ref) - len(diverged),
+        "first_divergence_positions": diverged,
+    }
 
 
 def _versions() -> dict[str, Any]:
@@ -201,37 +238,56 @@ def run_tp_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Run TP=N and TP=1 on the same workload; write the JSON (and the plot)."""
     tp = args.tensor_parallel_size
     if tp < 2:
-        raise ValueError(f"--tensor-parallel-size must be at least 2 to compare with TP=1, "
-                         f"got {tp}")
-    path = args.model or str(make_qwen3_8b_checkpoint(Path(DEFAULT_CHECKPOINT)))
-    workload = throughput_workload(args.num_requests, 0, tuple(args.input_len_range),
-                                   tuple(args.output_len_range))
+        raise ValueError(
+            f"--tensor-parallel-size must be at least 2 to compare with TP=1, got {tp}"
+        )
+    if args.model:
+        path, checkpoint_s = args.model, 0.0
+    else:
+        made, checkpoint_s = timed(make_qwen3_8b_checkpoint, Path(DEFAULT_CHECKPOINT))
+        path = str(made)
+        print(f"checkpoint ready at {path} in {checkpoint_s:.0f} s", flush=True)
+    workload = throughput_workload(
+        args.num_requests, 0, tuple(args.input_len_range), tuple(args.output_len_range)
+    )
     equiv_prompts = workload.prompts[: args.equiv_requests]
     equiv = Workload(equiv_prompts, [args.equiv_max_tokens] * len(equiv_prompts))
     result: dict[str, Any] = {
-        **environment(), **_versions(),
+        **environment(),
+        **_versions(),
         "model": path if args.model else f"random-weight Qwen3-8B shape ({path})",
-        "dtype": args.dtype, "enforce_eager": args.enforce_eager,
-        "workload": {"num_requests": len(workload.prompts),
-                     "published_num_requests": 256,
-                     "prompt_tokens": workload.num_prompt_tokens,
-                     "output_tokens": workload.num_output_tokens,
-                     "warmup_requests": args.warmup_requests},
+        "checkpoint_s": checkpoint_s,
+        "dtype": args.dtype,
+        "enforce_eager": args.enforce_eager,
+        "workload": {
+            "num_requests": len(workload.prompts),
+            "published_num_requests": 256,
+            "prompt_tokens": workload.num_prompt_tokens,
+            "output_tokens": workload.num_output_tokens,
+            "warmup_requests": args.warmup_requests,
+        },
     }
-    tpn, tpn_out, tpn_equiv = run_engine(args, path, tp, workload, equiv)
-    tp1, tp1_out, tp1_equiv = run_engine(args, path, 1, workload, equiv)
-    result.update(tp1=tp1, tpn=tpn,
-                  tpn_over_tp1=tpn["output_tokens_per_s"] / tp1["output_tokens_per_s"],
-                  target_tpn_over_tp1=1.6,
-                  workload_greedy=compare_tokens(tp1_out, tpn_out),
-                  equivalence={"max_tokens": args.equiv_max_tokens,
-                               **compare(tp1_equiv, tpn_equiv)})
-    eq = result["equivalence"]
-    print(f"TP={tp} / TP=1: {result['tpn_over_tp1']:.2f}x; identical greedy sequences: "
-          f"workload {result['workload_greedy']['num_identical']}/{len(tp1_out)}, "
-          f"equivalence run {eq['num_identical']}/{eq['num_prompts']} (largest TP=1 top-2 "
-          f"gap at a first divergence: {eq['max_tp1_margin']})", flush=True)
     out = Path(args.output)
+    tpn, tpn_out, tpn_equiv = run_engine(args, path, tp, workload, equiv)
+    # Written now too, so a run stopped during TP=1 still leaves TP=N's figures.
+    write_json(out, {**result, "incomplete": "TP=1 did not finish", "tpn": tpn})
+    tp1, tp1_out, tp1_equiv = run_engine(args, path, 1, workload, equiv)
+    result.update(
+        tp1=tp1,
+        tpn=tpn,
+        tpn_over_tp1=tpn["output_tokens_per_s"] / tp1["output_tokens_per_s"],
+        target_tpn_over_tp1=1.6,
+        workload_greedy=compare_tokens(tp1_out, tpn_out),
+        equivalence={"max_tokens": args.equiv_max_tokens, **compare(tp1_equiv, tpn_equiv)},
+    )
+    eq = result["equivalence"]
+    print(
+        f"TP={tp} / TP=1: {result['tpn_over_tp1']:.2f}x; identical greedy sequences: "
+        f"workload {result['workload_greedy']['num_identical']}/{len(tp1_out)}, "
+        f"equivalence run {eq['num_identical']}/{eq['num_prompts']} (largest TP=1 top-2 "
+        f"gap at a first divergence: {eq['max_tp1_margin']})",
+        flush=True,
+    )
     write_json(out, result)
     from minivllm.benchmarks.tensor_parallel_plot import plot_tp_results
 
