@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,8 @@ class ScheduledEntry(msgspec.Struct, gc=False):
         request_id: The request.
         num_prefill_tokens: Prompt tokens (or, after a preemption, recomputed tokens)
             run this step.
-        num_decode_tokens: 1 for a plain decode (one token past the prompt), else 0.
+        num_decode_tokens: 1 for a decode (one token past the prompt, drafts aside),
+            else 0.
         num_computed_tokens: Tokens whose K/V were cached before the step.
         num_prompt_tokens: Length of its prompt.
         num_cached_tokens: Prompt tokens served by the prefix cache when it was last
@@ -67,6 +69,10 @@ class ScheduledEntry(msgspec.Struct, gc=False):
         num_blocks: Blocks in its block table after this step's allocation.
         is_new: Admitted from the waiting queue in this step (fresh or resumed).
         is_resumed: Admitted again after a preemption.
+        num_draft_tokens: Draft tokens verified after its decode token (speculative
+            decoding); prefill + decode + draft tokens are its share of the batch.
+        num_accepted_tokens: How many of those drafts the rejection sampler accepted
+            (always a prefix of them); None until the step has run, or without drafts.
     """
 
     request_id: str
@@ -78,6 +84,8 @@ class ScheduledEntry(msgspec.Struct, gc=False):
     num_blocks: int
     is_new: bool = False
     is_resumed: bool = False
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int | None = None
 
 
 class StepRecord(msgspec.Struct, gc=False):
@@ -230,6 +238,8 @@ class StepRecorder:
         self._finished: list[str] = []
         # Finished ids an idle record reported that the next schedule() repeats.
         self._reported: set[str] = set()
+        # The last step that got a record, until its drafts' fate is known.
+        self._unverified: tuple[SchedulerOutput, StepRecord] | None = None
 
     def on_schedule(self, scheduler_output: SchedulerOutput) -> StepRecord | None:
         """Called after every ``schedule()``: a record if the interval has passed (and
@@ -241,10 +251,44 @@ class StepRecorder:
         if now < self._next_time or scheduler_output.is_empty:
             return None
         record = self._make(scheduler_output)
+        if scheduler_output.scheduled_spec_decode_tokens:
+            self._unverified = (scheduler_output, record)
         if self.interval_s:
             cost = time.monotonic() - now
             self._next_time = now + max(self.interval_s, COST_CAP * cost)
         return record
+
+    def on_verified(
+        self, scheduler_output: SchedulerOutput, num_accepted_tokens: Sequence[int] | None
+    ) -> None:
+        """Called once a step's results were applied: write how many drafts each request
+        kept into that step's record, if it got one.
+
+        The record describes the step as scheduled, before the model ran; the drafts'
+        fate arrives with the step's results. The engine core sends a step's records
+        after processing it, so they leave complete, except under async scheduling,
+        where a record can leave before its step ran (its drafts then stay ``None``).
+
+        Args:
+            scheduler_output: The step whose results were applied.
+            num_accepted_tokens: Accepted drafts per request, aligned with
+                ``scheduler_output.sampling_requests()`` (the runner's
+                ``num_accepted_tokens``); None when no request had drafts.
+        """
+        if self._unverified is None or self._unverified[0] is not scheduler_output:
+            return
+        record = self._unverified[1]
+        self._unverified = None
+        if num_accepted_tokens is None:
+            return
+        accepted = {
+            s.request_id: n
+            for s, n in zip(scheduler_output.sampling_requests(), num_accepted_tokens)
+            if s.spec_token_ids
+        }
+        for entry in record.scheduled:
+            if entry.request_id in accepted:
+                entry.num_accepted_tokens = accepted[entry.request_id]
 
     def idle_record(self) -> StepRecord:
         """A record of the queues and the pool now, with no batch: for a viewer that just
@@ -269,10 +313,12 @@ class StepRecorder:
 
 def _entry(s: ScheduledRequest, kv: KVCacheManager) -> ScheduledEntry:
     request = s.request
-    is_decode = s.num_scheduled_tokens == 1 and s.num_computed_tokens >= request.num_prompt_tokens
+    num_drafts = len(s.spec_token_ids)
+    num_known = s.num_scheduled_tokens - num_drafts  # drafts come after the known tokens
+    is_decode = num_known == 1 and s.num_computed_tokens >= request.num_prompt_tokens
     return ScheduledEntry(
         request_id=request.request_id,
-        num_prefill_tokens=0 if is_decode else s.num_scheduled_tokens,
+        num_prefill_tokens=0 if is_decode else num_known,
         num_decode_tokens=1 if is_decode else 0,
         num_computed_tokens=s.num_computed_tokens,
         num_prompt_tokens=request.num_prompt_tokens,
@@ -280,4 +326,5 @@ def _entry(s: ScheduledRequest, kv: KVCacheManager) -> ScheduledEntry:
         num_blocks=len(kv.get_block_ids(request.request_id)),
         is_new=s.is_new,
         is_resumed=s.is_resumed,
+        num_draft_tokens=num_drafts,
     )

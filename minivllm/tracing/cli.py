@@ -93,6 +93,8 @@ def run_trace(ns: argparse.Namespace) -> int:
     with trace(llm) as tracer:
         llm.generate(prompts, params, use_tqdm=False)
     print(tracer.summary())
-    for path in save_trace_figures(tracer, Path(ns.out_dir)):
+    tokenizer = llm.get_tokenizer()
+    decode = None if tokenizer is None else (lambda token: tokenizer.decode([token]))
+    for path in save_trace_figures(tracer, Path(ns.out_dir), decode):
         print(f"wrote {path}")
     return 0

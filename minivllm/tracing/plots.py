@@ -1,4 +1,5 @@
-"""Pictures of an engine trace: batch composition, block tables, KV usage over time.
+"""Pictures of an engine trace: batch composition, block tables, KV usage over time,
+and, with speculative decoding, the drafts each step verified.
 
 Each helper draws one picture from an :class:`~minivllm.tracing.tracer.EngineTracer` (or
 one snapshot of the KV pool) with matplotlib, and returns the figure so a notebook shows
@@ -7,11 +8,13 @@ never needs it (``pip install matplotlib``, part of the ``test`` extra).
 
 Colors are stable: request ``i`` (in order of first appearance) always gets color ``i``
 of a 20-color cycle, shared blocks are always orange, and prefill work is hatched.
+Drafts are green when accepted and red when rejected, in every picture.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +28,9 @@ SHARED_COLOR = "#ff7f0e"
 CACHED_FREE_COLOR = "#c6dbef"
 FREE_COLOR = "#f0f0f0"
 PREEMPT_COLOR = "#d62728"
+ACCEPTED_COLOR = "#2ca02c"
+REJECTED_COLOR = "#f4b6b6"
+TARGET_COLOR = "#9ecae1"
 # Above this many cells in a row, block ids are not written into the cells.
 _MAX_LABELLED_CELLS = 48
 
@@ -78,10 +84,14 @@ def plot_batch_timeline(
     row = {rid: i for i, rid in enumerate(ids)}
     prefill = np.zeros((len(ids), len(steps)))
     decode = np.zeros((len(ids), len(steps)))
+    accepted = np.zeros(len(steps))
+    rejected = np.zeros(len(steps))
     for j, record in enumerate(steps):
         for s in record.scheduled:
             prefill[row[s.request_id], j] += s.num_prefill_tokens
             decode[row[s.request_id], j] += s.num_decode_tokens
+        accepted[j] = record.num_accepted_tokens
+        rejected[j] = record.num_draft_tokens - record.num_accepted_tokens
     if by_request:
         colors = request_colors(ids)
         bottom = np.zeros(len(steps))
@@ -99,6 +109,12 @@ def plot_batch_timeline(
         ax.bar(x, p, width=0.9, color="#6baed6", hatch="///", edgecolor="white", label="prefill")
         ax.bar(x, d, bottom=p, width=0.9, color="#08519c", label="decode")
         total = p + d
+    if rejected.any() or accepted.any():  # speculative decoding: the drafts on top
+        ax.bar(x, accepted, bottom=total, width=0.9, color=ACCEPTED_COLOR,
+               label="drafts accepted")
+        ax.bar(x, rejected, bottom=total + accepted, width=0.9, color=REJECTED_COLOR,
+               hatch="xx", edgecolor=PREEMPT_COLOR, linewidth=0.3, label="drafts rejected")
+        total = total + accepted + rejected
     preempted = [j for j, r in enumerate(steps) if r.preempted_req_ids]
     if preempted:
         ax.scatter(preempted, total[preempted] + total.max() * 0.04, marker="v",
@@ -111,7 +127,8 @@ def plot_batch_timeline(
     ax.set_ylim(0, max(total.max(), budget if show_budget else 0) * 1.12 + 1)
     ax.set_xlabel("engine step")
     ax.set_ylabel("tokens in the batch")
-    ax.set_title("Batch composition per step (hatched: prefill, solid: decode)")
+    drafts = " + drafts" if accepted.any() or rejected.any() else ""
+    ax.set_title(f"Batch composition per step (hatched: prefill, solid: decode{drafts})")
     ax.set_xlim(-0.6, len(steps) - 0.4)
     if legend:
         handles, labels = ax.get_legend_handles_labels()
@@ -237,6 +254,82 @@ def plot_block_table(
     return fig
 
 
+def plot_drafts(
+    tracer: EngineTracer,
+    request_id: str | None = None,
+    decode: Callable[[int], str] | None = None,
+    max_steps: int = 20,
+) -> Figure:
+    """One request's decode steps, one row each: the drafts it verified, green when
+    accepted and red (hatched) when rejected, then the target model's own token (blue).
+
+    A row reads left to right as the tokens the step tried: the accepted drafts and
+    the blue token are what the request gained, so a step with ``a`` accepted drafts
+    emitted ``a + 1`` tokens. A row with no draft is an ordinary decode step (the
+    proposer found nothing to propose).
+
+    Args:
+        tracer: A trace of an engine with speculative decoding on.
+        request_id: The request to show (default: the one with the most drafts).
+        decode: Token id -> text for the cells (e.g. a tokenizer's ``decode`` of one
+            id); default: the ids.
+        max_steps: Show at most this many decode steps (its first ones).
+
+    Raises:
+        ValueError: No step verified a draft, or ``request_id`` never decoded.
+    """
+    from matplotlib.patches import Patch, Rectangle
+
+    steps = _check_steps(tracer)
+    if request_id is None:
+        drafted: dict[str, int] = {}
+        for record in steps:
+            for s in record.scheduled:
+                drafted[s.request_id] = drafted.get(s.request_id, 0) + s.num_draft_tokens
+        if not drafted or max(drafted.values()) == 0:
+            raise ValueError("no step verified a draft: trace an engine with speculative "
+                             "decoding on (speculative_config)")
+        request_id = max(drafted, key=lambda rid: drafted[rid])
+    rows = [(record.step, s) for record in steps for s in record.scheduled
+            if s.request_id == request_id and s.is_decode and s.new_token_ids][:max_steps]
+    if not rows:
+        raise ValueError(f"request {request_id!r} has no decode step in the trace")
+    text = decode or str
+    width = max(s.num_draft_tokens for _, s in rows) + 1
+    fig, ax = _pyplot().subplots(figsize=(1.5 + 1.1 * width, 0.8 + 0.32 * len(rows)), dpi=90,
+                                 layout="constrained")
+
+    def cell(x: int, y: int, token: int, face: str, hatch: str | None = None) -> None:
+        ax.add_patch(Rectangle((x - 0.47, y - 0.4), 0.94, 0.8, facecolor=face, hatch=hatch,
+                               edgecolor="white", linewidth=0.5))
+        label = text(token).replace("\n", "\\n")
+        ax.text(x, y, label if len(label) <= 12 else label[:11] + "…", ha="center",
+                va="center", fontsize=7)
+
+    for y, (_, s) in enumerate(rows):
+        accepted = s.num_accepted_tokens or 0
+        for x, token in enumerate(s.spec_token_ids):
+            if x < accepted:
+                cell(x, y, token, ACCEPTED_COLOR)
+            else:
+                cell(x, y, token, REJECTED_COLOR, "///")
+        cell(width - 1, y, s.new_token_ids[-1], TARGET_COLOR)
+    ax.set_xlim(-0.6, width - 0.4)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_yticks(range(len(rows)), [f"step {step}" for step, _ in rows], fontsize=7)
+    ax.set_xticks(range(width), [f"draft {i + 1}" for i in range(width - 1)] + ["target"],
+                  fontsize=7)
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.legend(handles=[Patch(facecolor=ACCEPTED_COLOR, label="draft accepted"),
+                       Patch(facecolor=REJECTED_COLOR, hatch="///", label="draft rejected"),
+                       Patch(facecolor=TARGET_COLOR, label="the target's token")],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(f"request {request_id}: drafts verified per decode step", fontsize=9)
+    return fig
+
+
 def _rgba(color: Any) -> tuple[float, float, float, float]:
     from matplotlib.colors import to_rgba
 
@@ -254,8 +347,11 @@ def busiest_step(tracer: EngineTracer) -> StepRecord:
     return max(steps, key=lambda r: (sum(len(t) for t in r.kv.block_tables.values()), -r.step))
 
 
-def save_trace_figures(tracer: EngineTracer, out_dir: str | Path) -> list[Path]:
-    """Write ``timeline.png``, ``kv_usage.png``, ``block_table.png`` and ``trace.json``.
+def save_trace_figures(
+    tracer: EngineTracer, out_dir: str | Path, decode: Callable[[int], str] | None = None
+) -> list[Path]:
+    """Write ``timeline.png``, ``kv_usage.png``, ``block_table.png`` and ``trace.json``,
+    and ``drafts.png`` when steps verified drafts (``decode``: token id -> text for it).
 
     Returns:
         The paths written.
@@ -269,6 +365,8 @@ def save_trace_figures(tracer: EngineTracer, out_dir: str | Path) -> list[Path]:
         "kv_usage.png": plot_kv_usage(tracer),
         "block_table.png": plot_block_table(busiest_step(tracer)),
     }
+    if any(r.num_draft_tokens for r in tracer.steps):
+        figures["drafts.png"] = plot_drafts(tracer, decode=decode)
     paths = []
     for name, fig in figures.items():
         fig.savefig(out / name)

@@ -20,7 +20,7 @@ can be kept, saved as JSON and plotted after the engine is gone.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,13 @@ class ScheduledRecord:
         needs_sample: The step reached the end of its known tokens, so it sampled.
         num_cached_tokens: Prompt tokens served from the prefix cache when it was last
             admitted (0 for a request that was not admitted in this step).
+        spec_token_ids: Draft tokens it verified this step (speculative decoding), the
+            last ``len(spec_token_ids)`` of its scheduled tokens.
+        num_accepted_tokens: How many of the drafts were accepted (a prefix of them);
+            None without drafts, or when the step failed.
+        new_token_ids: The tokens the step appended to the request: its accepted drafts,
+            then the target model's own token (empty for a prompt chunk that samples
+            nothing; shorter when a stop condition cut the run).
     """
 
     request_id: str
@@ -57,25 +64,41 @@ class ScheduledRecord:
     is_resumed: bool
     needs_sample: bool
     num_cached_tokens: int
+    spec_token_ids: tuple[int, ...] = ()
+    num_accepted_tokens: int | None = None
+    new_token_ids: tuple[int, ...] = ()
 
     @property
     def is_decode(self) -> bool:
-        """True for one token past the prompt: a plain decode step.
+        """True for one token past the prompt (with its drafts, if any): a decode step.
 
         Everything else is prefill work: a prompt chunk, or the recomputation of a
         preempted request's prompt and outputs.
         """
-        return self.num_scheduled_tokens == 1 and self.num_computed_tokens >= self.num_prompt_tokens
+        return (
+            self.num_scheduled_tokens - self.num_draft_tokens == 1
+            and self.num_computed_tokens >= self.num_prompt_tokens
+        )
 
     @property
     def num_prefill_tokens(self) -> int:
         """Tokens of this share that are prefill (or recompute) work."""
-        return 0 if self.is_decode else self.num_scheduled_tokens
+        return 0 if self.is_decode else self.num_scheduled_tokens - self.num_draft_tokens
 
     @property
     def num_decode_tokens(self) -> int:
-        """1 for a decode, else 0."""
+        """1 for a decode, else 0 (its drafts are counted apart)."""
         return 1 if self.is_decode else 0
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Drafts verified this step."""
+        return len(self.spec_token_ids)
+
+    @property
+    def num_rejected_tokens(self) -> int:
+        """Drafts rejected this step (all of them when the step failed)."""
+        return self.num_draft_tokens - (self.num_accepted_tokens or 0)
 
 
 @dataclass
@@ -245,6 +268,16 @@ class StepRecord:
         return sum(s.num_decode_tokens for s in self.scheduled)
 
     @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens verified in the batch (speculative decoding)."""
+        return sum(s.num_draft_tokens for s in self.scheduled)
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        """Of those, the accepted ones."""
+        return sum(s.num_accepted_tokens or 0 for s in self.scheduled)
+
+    @property
     def block_totals(self) -> BlockCounts:
         """Block counts of the step summed over requests."""
         total = BlockCounts()
@@ -304,17 +337,33 @@ class EngineTracer:
     # ---- recording --------------------------------------------------------------------
 
     def record_step(
-        self, scheduler_output: SchedulerOutput, kv_cache_manager: KVCacheManager
+        self,
+        scheduler_output: SchedulerOutput,
+        kv_cache_manager: KVCacheManager,
+        num_accepted_tokens: Sequence[int] | None = None,
     ) -> StepRecord:
         """Record one step; call it after the step's results were applied.
 
         Takes the block pool's events since the previous call. Also usable without an
         engine, with a bare ``Scheduler`` and ``KVCacheManager`` (the notebooks do).
+
+        Args:
+            scheduler_output: The step.
+            kv_cache_manager: The pool it ran against.
+            num_accepted_tokens: With speculative decoding, the accepted drafts per
+                request, aligned with ``scheduler_output.sampling_requests()`` (what
+                the runner returned and the scheduler was given).
         """
         events = kv_cache_manager.take_events()
+        accepted: dict[str, int] = {}
+        if num_accepted_tokens is not None:
+            due = scheduler_output.sampling_requests()
+            accepted = {s.request_id: n for s, n in zip(due, num_accepted_tokens, strict=True)}
         record = StepRecord(
             step=len(self.steps),
-            scheduled=[_scheduled_record(s) for s in scheduler_output.scheduled],
+            scheduled=[
+                _scheduled_record(s, accepted.get(s.request_id)) for s in scheduler_output.scheduled
+            ],
             preempted_req_ids=sorted(scheduler_output.preempted_req_ids, key=_id_key),
             finished_req_ids=[
                 s.request_id for s in scheduler_output.scheduled if s.request.is_finished()
@@ -356,7 +405,7 @@ class EngineTracer:
         decode = sum(r.num_decode_tokens for r in self.steps)
         peak = max(r.kv.num_blocks_in_use for r in self.steps)
         preemptions = sum(len(r.preempted_req_ids) for r in self.steps)
-        return (
+        text = (
             f"{len(self.steps)} steps, {len(self.request_ids())} requests: "
             f"{prefill} prefill + {decode} decode tokens\n"
             f"blocks: {total.allocated} allocated, {total.reused} reused from the prefix "
@@ -364,6 +413,11 @@ class EngineTracer:
             f"peak {peak} / {self.steps[0].kv.num_blocks} blocks in use, "
             f"{preemptions} preemptions"
         )
+        drafted = sum(r.num_draft_tokens for r in self.steps)
+        if drafted:
+            accepted = sum(r.num_accepted_tokens for r in self.steps)
+            text += f"\ndrafts: {drafted} tokens verified, {accepted} accepted"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         """The trace as plain JSON-able data (events left out: they are long)."""
@@ -376,9 +430,7 @@ class EngineTracer:
                     "scheduled": [dataclasses.asdict(s) for s in r.scheduled],
                     "preempted_req_ids": r.preempted_req_ids,
                     "finished_req_ids": r.finished_req_ids,
-                    "blocks": {
-                        str(rid): dataclasses.asdict(c) for rid, c in r.blocks.items()
-                    },
+                    "blocks": {str(rid): dataclasses.asdict(c) for rid, c in r.blocks.items()},
                     "block_tables": r.kv.block_tables,
                     "num_blocks_in_use": r.kv.num_blocks_in_use,
                     "num_cached_free_blocks": r.kv.num_cached_free_blocks,
@@ -389,7 +441,7 @@ class EngineTracer:
         }
 
 
-def _scheduled_record(s: ScheduledRequest) -> ScheduledRecord:
+def _scheduled_record(s: ScheduledRequest, num_accepted: int | None) -> ScheduledRecord:
     return ScheduledRecord(
         request_id=s.request_id,
         num_scheduled_tokens=s.num_scheduled_tokens,
@@ -399,6 +451,15 @@ def _scheduled_record(s: ScheduledRequest) -> ScheduledRecord:
         is_resumed=s.is_resumed,
         needs_sample=s.needs_sample,
         num_cached_tokens=s.request.num_cached_tokens if s.is_new else 0,
+        spec_token_ids=tuple(s.spec_token_ids),
+        num_accepted_tokens=num_accepted if s.spec_token_ids else None,
+        # Recorded after the step's tokens were appended: what lies past the tokens
+        # known when it was scheduled is what this step added.
+        new_token_ids=tuple(
+            s.request.all_token_ids[s.num_computed_tokens_after - len(s.spec_token_ids) :]
+        )
+        if s.needs_sample
+        else (),
     )
 
 
