@@ -94,7 +94,9 @@ def test_tracer_and_step_records_show_each_draft_and_its_fate() -> None:
     tracer, records, outputs = run(PROMPTS)
     seen_accepted = seen_rejected = 0
     for step, record, (output, verified) in zip(tracer.steps, records, outputs, strict=True):
-        for traced, entry, s in zip(step.scheduled, record.scheduled, output.scheduled, strict=True):
+        for traced, entry, s in zip(
+            step.scheduled, record.scheduled, output.scheduled, strict=True
+        ):
             drafts = list(s.spec_token_ids)
             assert list(traced.spec_token_ids) == drafts
             assert traced.num_draft_tokens == entry.num_draft_tokens == len(drafts)
