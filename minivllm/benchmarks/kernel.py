@@ -179,7 +179,7 @@ def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> 
 
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_SIZE * DTYPE.itemsize
     nbytes = kv_bytes + 2 * q.numel() * q.element_size()  # + q read + output written
-    from minivllm.attention.triton_unified_attention import select_config
+    from minivllm.attention.triton_launch_config import select_config
 
     config = select_config(num_tokens=batch, num_seqs=batch, num_heads=NUM_HEADS,
                            num_kv_heads=NUM_KV_HEADS, max_query_len=1, max_seq_len=context,
@@ -251,10 +251,8 @@ def bench_prefill(batch: int, prefix: int, new: int) -> dict:
 def _host_overheads() -> dict:
     """Host cost of one call: the registered op vs the bare launcher (a tiny decode)."""
     from minivllm.attention.backends import triton_attn
-    from minivllm.attention.triton_unified_attention import (
-        launch_unified_attention,
-        select_config,
-    )
+    from minivllm.attention.triton_launch_config import select_config
+    from minivllm.attention.triton_unified_attention import launch_unified_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     paged = make_paged_kv(8, 512, gen)

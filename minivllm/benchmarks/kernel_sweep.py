@@ -1,6 +1,6 @@
 """Tile/warp/stage sweep for the unified kernel on the benchmark shapes (GPU only).
 
-How the defaults in ``triton_unified_attention.py`` were chosen:
+How the defaults in ``triton_launch_config.py`` were first chosen:
 ``python -m minivllm.benchmarks.kernel_sweep OUT.json`` times every candidate launch
 configuration on the decode shapes that carry the targets, on the ragged full batch of
 the throughput workload, and on one long prefill, compares the decode configurations
@@ -17,10 +17,8 @@ from pathlib import Path
 
 import torch
 
-from minivllm.attention.triton_unified_attention import (
-    AttentionLaunchConfig,
-    launch_unified_attention,
-)
+from minivllm.attention.triton_launch_config import AttentionLaunchConfig
+from minivllm.attention.triton_unified_attention import launch_unified_attention
 from minivllm.benchmarks.common import environment, measure_copy_bandwidth
 from minivllm.benchmarks.kernel import (
     DTYPE,

@@ -30,10 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from minivllm.attention.triton_unified_attention import (
-    AttentionLaunchConfig,
-    launch_unified_attention,
-)
+from minivllm.attention.triton_launch_config import AttentionLaunchConfig
+from minivllm.attention.triton_unified_attention import launch_unified_attention
 from minivllm.benchmarks.common import environment, measure_copy_bandwidth, require_gpu
 from minivllm.benchmarks.kernel import (
     DTYPE,

@@ -48,7 +48,7 @@ import logging
 import torch
 from torch import nn
 
-from minivllm.attention.triton_unified_attention import PREFILL_MIN_QUERY_LEN
+from minivllm.attention.triton_launch_config import PREFILL_MIN_QUERY_LEN
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.utils.math_utils import cdiv
 

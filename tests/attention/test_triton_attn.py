@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from minivllm.attention import reference
+from minivllm.attention import triton_launch_config as tlc
 from minivllm.attention import triton_unified_attention as tua
 from minivllm.attention.backends import triton_attn
 from minivllm.attention.triton_decode_split import MIN_TOKENS_PER_SEGMENT, choose_num_segments
-from minivllm.attention.triton_unified_attention import launch_configs, select_config
+from minivllm.attention.triton_launch_config import launch_configs, select_config
 from tests.attention.paged_batch import PagedBatch, make_paged_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -189,10 +190,10 @@ def test_large_batch_decode_config(monkeypatch) -> None:
     kwargs = dict(num_heads=16, num_kv_heads=8, max_query_len=1, max_seq_len=4096)
     small = select_config(num_tokens=64, num_seqs=64, device=torch.device(DEVICE), **kwargs)
     assert (small.tile_n, small.num_stages) == (64, 2)
-    monkeypatch.setattr(tua, "smem_budget", lambda device: 227 * 1024)
+    monkeypatch.setattr(tlc, "smem_budget", lambda device: 227 * 1024)
     big = select_config(num_tokens=256, num_seqs=256, device=torch.device(DEVICE), **kwargs)
     assert (big.tile_n, big.num_warps, big.num_stages) == (128, 4, 3)
-    monkeypatch.setattr(tua, "smem_budget", lambda device: 160 * 1024)
+    monkeypatch.setattr(tlc, "smem_budget", lambda device: 160 * 1024)
     fitted = select_config(num_tokens=256, num_seqs=256, device=torch.device(DEVICE), **kwargs)
     assert (fitted.tile_n, fitted.num_stages) == (64, 3)  # halved to fit the budget
 
@@ -205,7 +206,7 @@ def test_large_batch_decode_config(monkeypatch) -> None:
     out = torch.full_like(b.query, float("nan"))
     tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                  b.seq_lens, b.query_start_loc, out, b.scale,
-                                 tua.AttentionLaunchConfig(16, 128, 4, 3, 1))
+                                 tlc.AttentionLaunchConfig(16, 128, 4, 3, 1))
     _check_close(out, ref, torch.float32)
 
 
@@ -329,8 +330,8 @@ def test_kernel_variants_match_reference(variant: dict) -> None:
     _write_cache_both_ways(b)
     ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                     b.seq_lens, b.query_start_loc, b.scale)
-    for config in (tua.AttentionLaunchConfig(32, 16, 4, 2, 1, **variant),
-                   tua.AttentionLaunchConfig(16, 16, 4, 2, 2, **variant)):
+    for config in (tlc.AttentionLaunchConfig(32, 16, 4, 2, 1, **variant),
+                   tlc.AttentionLaunchConfig(16, 16, 4, 2, 2, **variant)):
         out = torch.full_like(b.query, float("nan"))
         tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                      b.seq_lens, b.query_start_loc, out, b.scale, config)

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.attention.triton_launch_config import launch_configs, select_config
 from minivllm.attention.triton_reshape_and_cache import launch_reshape_and_cache
-from minivllm.attention.triton_unified_attention import (
-    launch_configs,
-    launch_unified_attention,
-    select_config,
-)
+from minivllm.attention.triton_unified_attention import launch_unified_attention
 
 # ---------------------------------------------------------------------------------------
 # Argument checks (host-side metadata only: they never read device memory, so no sync).

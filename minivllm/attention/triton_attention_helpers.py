@@ -1,0 +1,182 @@
+"""One key tile of the unified attention kernel: address translation, loads, online softmax.
+
+These ``@triton.jit`` helpers are inlined into ``kernel_unified_attention``
+(``triton_unified_attention.py``); they are split out so that each step of the inner loop
+can be read, and linked from the PagedAttention chapter, on its own. Upstream counterpart:
+``vllm/v1/attention/ops/triton_attention_helpers.py`` (``softmax_step``,
+``compute_kv_seq_mask``), and the top of the tile loop in ``kernel_unified_attention``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kv_tile_offsets(
+    block_table_row_ptr,
+    tile_start,
+    kv_end,
+    kv_head,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    PAGE_TILES: tl.constexpr,
+):
+    """Address translation: keys ``tile_start .. tile_start + TILE_N - 1`` -> element
+    offsets in the paged cache (the same for K and V), plus their positions and mask.
+
+    Token ``j`` of a sequence lives in physical block ``block_table[seq, j // BLOCK_SIZE]``
+    at row ``j % BLOCK_SIZE``. With ``PAGE_TILES`` (block size a power of two) the tile
+    reads one table entry per page it covers and lays the pages' rows side by side: 8
+    loads for 128 keys in 16-token pages, instead of one per key. Otherwise each key looks
+    up its own entry. Keys at or past ``kv_end`` read block 0, which is never
+    dereferenced because the K/V loads are masked the same way.
+    """
+    key_pos = tile_start + tl.arange(0, TILE_N)
+    key_mask = key_pos < kv_end
+    if PAGE_TILES:
+        # PAGES x ROWS == TILE_N keys; a tile shorter than a page lies inside one page.
+        PAGES: tl.constexpr = TILE_N // BLOCK_SIZE if TILE_N > BLOCK_SIZE else 1
+        ROWS: tl.constexpr = TILE_N // PAGES
+        page = tile_start // BLOCK_SIZE + tl.arange(0, PAGES)
+        physical_block = tl.load(
+            block_table_row_ptr + page, mask=page * BLOCK_SIZE < kv_end, other=0
+        ).to(tl.int64)
+        row = tile_start % BLOCK_SIZE + tl.arange(0, ROWS)
+        offsets = physical_block[:, None] * stride_c_block + row[None, :] * stride_c_slot
+        # The reshape hides from Triton that every offset is a multiple of 16 elements
+        # (the launcher only picks this path when the cache strides are); without the
+        # hint the K/V loads cannot be vectorised, nor prefetched by the pipeliner.
+        offsets = tl.multiple_of(tl.reshape(offsets, [TILE_N]), 16)
+    else:
+        physical_block = tl.load(
+            block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_mask, other=0
+        ).to(tl.int64)
+        offsets = physical_block * stride_c_block + (key_pos % BLOCK_SIZE) * stride_c_slot
+    return offsets + kv_head * stride_c_head, key_pos, key_mask
+
+
+@triton.jit
+def load_kv_tile(
+    cache_ptr,
+    offsets,
+    key_mask,
+    TRANSPOSED: tl.constexpr,
+    MASKED: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
+    """One K or V tile: ``[TILE_N, HEAD_PAD]``, or ``[HEAD_PAD, TILE_N]`` if ``TRANSPOSED``.
+
+    A mask costs instructions and can stop the loads from being vectorised, so a tile that
+    lies wholly inside the visible range (``MASKED`` false) with an unpadded head loads
+    without one.
+    """
+    dims = tl.arange(0, HEAD_PAD)
+    if TRANSPOSED:
+        ptrs = cache_ptr + offsets[None, :] + dims[:, None]
+        key_ok = key_mask[None, :]
+        dim_ok = dims[:, None] < HEAD_SIZE
+    else:
+        ptrs = cache_ptr + offsets[:, None] + dims[None, :]
+        key_ok = key_mask[:, None]
+        dim_ok = dims[None, :] < HEAD_SIZE
+    if MASKED:
+        tile = tl.load(ptrs, mask=key_ok & dim_ok, other=0.0)
+    elif HEAD_PAD != HEAD_SIZE:
+        tile = tl.load(ptrs, mask=dim_ok, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def online_softmax_update(scores, qk_scale, m_prev, l_prev):
+    """One step of online softmax over a new tile of raw ``scores`` (``q . k``, float32).
+
+    ``qk_scale`` includes ``log2(e)``, so the softmax runs in the log2 domain with the
+    cheaper ``exp2``; the maximum is taken over the raw scores and scaled once per row
+    (the scale is positive), so each score costs one fused multiply-add on the way into
+    ``exp2``. Returns the new running max ``m`` and sum ``l``, the tile's probabilities
+    ``p`` (relative to the new max) and ``alpha``, the factor that rescales everything
+    accumulated so far to the new max. A row whose keys have all been masked so far keeps
+    ``m = -inf``; it is shifted by 0 instead, so ``-inf - -inf`` never makes a NaN.
+    """
+    m_new = tl.maximum(m_prev, tl.max(scores, axis=1) * qk_scale)
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(scores * qk_scale - m_shift[:, None])
+    alpha = tl.exp2(m_prev - m_shift)
+    l_new = l_prev * alpha + tl.sum(p, axis=1)
+    return m_new, l_new, p, alpha
+
+
+@triton.jit
+def attend_tile(
+    acc,
+    m,
+    l,  # noqa: E741 - the usual name
+    q,
+    q_pos,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_row_ptr,
+    tile,
+    kv_end,
+    kv_head,
+    qk_scale,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    PAGE_TILES: tl.constexpr,
+    K_TRANSPOSED: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    """Fold key tile ``tile`` into the running state ``(acc, m, l)`` of the Q tile.
+
+    ``MASKED`` tiles cross the causal diagonal or the end of the context and need the
+    per-element visibility test; every other tile is wholly visible to every row, so its
+    loads and scores go unmasked (most of a long prefill's tiles).
+    """
+    offsets, key_pos, key_mask = kv_tile_offsets(
+        block_table_row_ptr,
+        tile * TILE_N,
+        kv_end,
+        kv_head,
+        stride_c_block,
+        stride_c_slot,
+        stride_c_head,
+        BLOCK_SIZE,
+        TILE_N,
+        PAGE_TILES,
+    )
+    k = load_kv_tile(k_cache_ptr, offsets, key_mask, K_TRANSPOSED, MASKED, HEAD_SIZE, HEAD_PAD)
+    v = load_kv_tile(v_cache_ptr, offsets, key_mask, False, MASKED, HEAD_SIZE, HEAD_PAD)
+    if UPCAST_DOT:
+        # Only under TRITON_INTERPRET=1: the interpreter multiplies bfloat16 operands as
+        # the raw 16-bit integers it stores them in. Widening first is exact (a product
+        # of two bf16 values fits in float32, as on the tensor cores).
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    if K_TRANSPOSED:
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION)
+    else:
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if MASKED:
+        visible = key_mask[None, :] & (key_pos[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+    m, l, p, alpha = online_softmax_update(scores, qk_scale, m, l)  # noqa: E741
+    # P is rounded to the cache dtype (bf16) to feed the tensor cores, as FlashAttention
+    # does; the accumulator stays float32.
+    p = p.to(v_cache_ptr.dtype.element_ty).to(v.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+    return acc, m, l

@@ -1,0 +1,168 @@
+"""Launch configurations of the unified attention kernel: which tiles, warps, pipeline
+depth, split-KV segments and kernel variant a batch gets, and the full list the engine
+compiles at start-up.
+
+Everything here is decided on the host from shapes alone (no device read, so no sync and
+nothing that breaks CUDA-graph capture). Upstream counterparts: ``_get_tile_size`` and
+the launch logic of ``unified_attention`` in
+``vllm/v1/attention/ops/triton_unified_attention.py``, and the split-KV sizing in
+``TritonAttentionMetadataBuilder`` (``vllm/v1/attention/backends/triton_attn.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from minivllm.attention.triton_decode_split import choose_num_segments, num_multiprocessors
+
+
+@dataclass(frozen=True)
+class AttentionLaunchConfig:
+    """Tile sizes, launch parameters and kernel variant of one unified-kernel launch.
+
+    The flags after ``num_segments`` select code paths inside the kernel
+    (``triton_unified_attention.py``); they exist so that one sweep
+    (``minivllm.benchmarks.kernel_variants``) can measure each idea on its own. The
+    defaults are the measured winners.
+    """
+
+    block_m: int  # rows per program: BLOCK_Q tokens x group heads
+    tile_n: int  # keys per inner-loop iteration
+    num_warps: int
+    num_stages: int
+    num_segments: int  # 1 = no split-KV
+    diagonal_split: bool = True  # mask only the tiles on the causal diagonal
+    page_tiles: bool = True  # one block-table load per page (power-of-two block sizes)
+    k_transposed: bool = False  # load K as [head, keys] instead of [keys, head]
+    longest_first: bool = True  # start the q-blocks with the most keys first
+    fused_reduce: bool = True  # split-KV: the last segment merges (no reduce launch)
+    flat_search: bool = True  # find the sequence with one vector load (small batches)
+
+
+# Batches of up to this many sequences find their sequence with one vector load.
+FLAT_SEARCH_WIDTH = 256
+# Tuned on an H200 (see docs/benchmarks/kernel.json and the PagedAttention chapter).
+DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES = 64, 4, 2
+# From this many sequences on, decode uses longer key tiles with a deeper pipeline: with
+# ragged contexts (a continuous batch) they are 6-14% faster, with equal contexts within
+# 1-3% (docs/benchmarks/kernel_sweep_ragged.json).
+DECODE_LARGE_BATCH = 128
+DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES = 128, 4, 3
+PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES = 128, 128, 8, 2
+# Above this query length a q-block uses the large prefill tile.
+PREFILL_MIN_QUERY_LEN = 32
+# Shared memory the K/V pipeline may use: Triton keeps ``num_stages`` copies of a K and a
+# V tile in flight. H100/H200 allow 227 KiB per program; staying at 160 KiB leaves room for
+# Triton's own scratch (and for smaller GPUs).
+SMEM_BUDGET_BYTES = 160 * 1024
+# On a GPU the budget is what the device lets one program opt into, minus this margin.
+SMEM_SCRATCH_BYTES = 16 * 1024
+
+
+def smem_budget(device: torch.device) -> int:
+    """Shared memory the K/V pipeline may use on ``device`` (the fixed budget off-GPU,
+    or when torch does not report the device's opt-in limit)."""
+    if device.type != "cuda":
+        return SMEM_BUDGET_BYTES
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_smem_budget(index)
+
+
+@functools.cache
+def _cuda_smem_budget(index: int) -> int:
+    optin = getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)
+    return optin - SMEM_SCRATCH_BYTES if optin > SMEM_BUDGET_BYTES else SMEM_BUDGET_BYTES
+
+
+def select_config(
+    *,
+    num_tokens: int,
+    num_seqs: int,
+    num_heads: int,
+    num_kv_heads: int,
+    max_query_len: int,
+    max_seq_len: int,
+    device: torch.device,
+    num_kv_splits: int | None = None,
+    head_size: int = 128,
+    element_size: int = 2,
+) -> AttentionLaunchConfig:
+    """Pick tiles and the split-KV segment count from host-side sizes only (no sync).
+
+    Decode-like batches (short queries) use the smallest row tile the tensor cores
+    accept, 16 rows, because only ``group`` rows per sequence carry a real query, with
+    longer key tiles from ``DECODE_LARGE_BATCH`` sequences on; long queries use 128-row
+    tiles to reuse each K/V tile across many queries. Split-KV is
+    chosen by :func:`choose_num_segments` unless ``num_kv_splits`` forces it.
+    """
+    group = num_heads // num_kv_heads
+    if max_query_len >= PREFILL_MIN_QUERY_LEN:
+        block_m = max(PREFILL_BLOCK_M, triton.next_power_of_2(group))
+        tile_n, warps, stages = PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES
+    elif num_seqs >= DECODE_LARGE_BATCH:
+        block_m = max(16, triton.next_power_of_2(group))
+        tile_n, warps, stages = DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES
+    else:
+        block_m = max(16, triton.next_power_of_2(group))
+        tile_n, warps, stages = DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES
+    # Large heads or float32 would overflow shared memory with the bf16/d128 tiles tuned
+    # above: halve the key tile, then the pipeline depth, until the stages fit.
+    kv_tile_bytes = 2 * triton.next_power_of_2(head_size) * element_size  # K + V, per key
+    budget = smem_budget(device)
+    while stages * tile_n * kv_tile_bytes > budget and tile_n > 16:
+        tile_n //= 2
+    while stages * tile_n * kv_tile_bytes > budget and stages > 1:
+        stages -= 1
+    if num_kv_splits is None:
+        block_q = block_m // group
+        active = max(num_seqs, triton.cdiv(num_tokens, block_q)) * num_kv_heads
+        segments = choose_num_segments(active, max_seq_len, num_multiprocessors(device))
+    else:
+        segments = num_kv_splits
+    # The fused merge runs in one program per q-block, row after row: right for the few
+    # rows of a decode q-block, slower than the separate reduce grid for 128-row tiles.
+    fused = max_query_len < PREFILL_MIN_QUERY_LEN
+    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments, fused_reduce=fused)
+
+
+def launch_configs(
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    element_size: int,
+    max_model_len: int,
+    device: torch.device,
+) -> list[AttentionLaunchConfig]:
+    """Every configuration :func:`select_config` can return for one model: each tile
+    family (small-batch decode, large-batch decode, prefill) with each split-KV segment
+    count the heuristic can choose for contexts up to ``max_model_len``.
+
+    Each is a separate compiled kernel (tiles and segments are ``tl.constexpr``), so the
+    engine compiles them all while it starts rather than in the middle of a request.
+    """
+    # One active program is the emptiest grid, so it gets the most segments.
+    most = choose_num_segments(1, max_model_len, num_multiprocessors(device))
+    families = ((1, 1), (1, DECODE_LARGE_BATCH), (PREFILL_MIN_QUERY_LEN, 1))
+    configs = []
+    for max_query_len, num_seqs in families:
+        for log_segments in range(most.bit_length()):
+            config = select_config(
+                num_tokens=num_seqs * max_query_len,
+                num_seqs=num_seqs,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                max_query_len=max_query_len,
+                max_seq_len=max_model_len,
+                device=device,
+                num_kv_splits=1 << log_segments,
+                head_size=head_size,
+                element_size=element_size,
+            )
+            if config not in configs:
+                configs.append(config)
+    return configs
