@@ -54,6 +54,30 @@ class ScheduledRequest:
     needs_sample: bool = False
     spec_token_ids: list[int] = field(default_factory=list)
 
+    @classmethod
+    def from_request(
+        cls,
+        request: Request,
+        num_new: int,
+        block_ids: list[int],
+        is_new: bool = False,
+        resumed: bool = False,
+        drafts: list[int] | None = None,
+    ) -> ScheduledRequest:
+        """Snapshot what the runner needs about ``request``, scheduled for ``num_new``
+        tokens (``drafts`` among them), before the scheduler advances its counters."""
+        return cls(
+            request=request,
+            num_scheduled_tokens=num_new,
+            num_computed_tokens=request.num_computed_tokens,
+            block_ids=block_ids,
+            is_new=is_new,
+            is_resumed=resumed,
+            needs_sample=request.num_computed_tokens + num_new
+            >= request.num_tokens + request.num_output_placeholders,
+            spec_token_ids=drafts or [],
+        )
+
     @property
     def request_id(self) -> str:
         """The request's id."""

@@ -22,21 +22,19 @@ from minivllm.config import SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request_checks import check_new_request, num_blocks_needed
 from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput, SchedulerStats
-from minivllm.core.sched_utils import check_stop
+from minivllm.core.sched_spec_decode import (
+    check_num_accepted,
+    drafts_to_keep,
+    take_drafts,
+    verified_tokens,
+)
+from minivllm.core.sched_utils import (
+    append_and_check_stop,
+    reaches_max_tokens,
+    tokens_in_batch_order,
+)
 from minivllm.request import Request, RequestStatus
 from minivllm.spec_decode.metrics import SpecDecodingStats
-
-
-def _reaches_max_tokens(request: Request) -> bool:
-    """Whether the steps already scheduled sample the request's ``max_tokens``-th token.
-
-    Only true with async scheduling (a step still in flight): scheduling another step
-    would compute a token that ``check_stop`` is certain to discard.
-    """
-    return (
-        request.num_output_placeholders > 0
-        and request.num_output_tokens + request.num_output_placeholders >= request.max_tokens
-    )
 
 
 class Scheduler:
@@ -47,10 +45,8 @@ class Scheduler:
             ``enable_chunked_prefill`` and ``max_model_len``.
         kv_cache_manager: The block allocator; the engine builds it from the cache config
             (tests pass a tiny one to force preemptions).
-        num_speculative_tokens: ``k`` of speculative decoding (0: off). Drafts reach the
-            scheduler through ``update_draft_token_ids``; each step schedules a request's
-            drafts after its tokens, and ``update_from_output`` takes back the slots of
-            the drafts the rejection sampler refused.
+        num_speculative_tokens: ``k`` of speculative decoding (0: off); the drafts'
+            bookkeeping is in ``sched_spec_decode``.
 
     Attributes:
         waiting: Requests not yet admitted, FCFS; preempted requests re-enter at the front.
@@ -141,7 +137,7 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and budget > 0:
             request = self.running[req_index]
-            if _reaches_max_tokens(request):
+            if reaches_max_tokens(request):
                 # Async scheduling: the step in flight samples its last token already.
                 req_index += 1
                 continue
@@ -160,8 +156,12 @@ class Scheduler:
                 continue
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # it preempted itself: nothing behind it is left in `running`
-            drafts = self._take_drafts(request, num_new)
-            scheduled.append(self._scheduled(request, num_new, drafts=drafts))
+            # The manager's live list: it only grows, and the runner reads it this step.
+            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            drafts = take_drafts(request, num_new)
+            scheduled.append(
+                ScheduledRequest.from_request(request, num_new, block_ids, drafts=drafts)
+            )
             budget -= num_new
             req_index += 1
 
@@ -198,20 +198,6 @@ class Scheduler:
                 return False
         return True
 
-    @staticmethod
-    def _take_drafts(request: Request, num_new: int) -> list[int]:
-        """The drafts that fit in this step's ``num_new`` tokens; the request keeps none.
-
-        The budget or ``max_model_len`` may have cut the tail of the drafts; each step's
-        drafts are proposed afresh, so the request's list is emptied either way.
-        """
-        drafts = request.spec_token_ids
-        if not drafts:
-            return drafts
-        request.spec_token_ids = []
-        num_known = request.num_tokens + request.num_output_placeholders
-        return drafts[: max(0, request.num_computed_tokens + num_new - num_known)]
-
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
         """Admit waiting requests in order while slots, budget and blocks last."""
         kv = self.kv_cache_manager
@@ -237,31 +223,12 @@ class Scheduler:
             request.num_computed_tokens = num_hit
             request.num_cached_tokens = num_hit
             self.running.append(request)
-            scheduled.append(self._scheduled(request, num_new, is_new=True, resumed=resumed))
+            block_ids = kv.get_block_ids(request.request_id)
+            scheduled.append(
+                ScheduledRequest.from_request(request, num_new, block_ids, True, resumed)
+            )
             budget -= num_new
         return budget
-
-    def _scheduled(
-        self,
-        request: Request,
-        num_new: int,
-        is_new: bool = False,
-        resumed: bool = False,
-        drafts: list[int] | None = None,
-    ) -> ScheduledRequest:
-        """Snapshot what the runner needs about one scheduled request."""
-        return ScheduledRequest(
-            request=request,
-            num_scheduled_tokens=num_new,
-            num_computed_tokens=request.num_computed_tokens,
-            # The manager's live list: it only grows, and the runner reads it this step.
-            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-            is_new=is_new,
-            is_resumed=resumed,
-            needs_sample=request.num_computed_tokens + num_new
-            >= request.num_tokens + request.num_output_placeholders,
-            spec_token_ids=drafts or [],
-        )
 
     def _preempt_request(self, request: Request) -> None:
         """Preempt by recompute: free all blocks and requeue at the front of waiting.
@@ -324,8 +291,8 @@ class Scheduler:
                 (checked before anything is changed).
         """
         due = scheduler_output.sampling_requests()
-        tokens = self._tokens_in_batch_order(due, sampled_token_ids)
-        accepted = _check_num_accepted(due, num_accepted_tokens)
+        tokens = tokens_in_batch_order(due, sampled_token_ids)
+        accepted = check_num_accepted(due, num_accepted_tokens)
         finished: list[Request] = []
         for s, token, num_accepted in zip(due, tokens, accepted):
             request = s.request
@@ -338,54 +305,29 @@ class Scheduler:
             error = errors.get(request.request_id) if errors else None
             if error is not None:
                 request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, error
-            elif not self._append_and_check_stop(request, self._verified(s, token, num_accepted)):
-                continue
+            else:
+                new_tokens = verified_tokens(s, token, num_accepted, self.spec_decoding_stats)
+                self.num_generated_tokens += append_and_check_stop(
+                    request, new_tokens, self.max_model_len
+                )
+                if not request.is_finished():
+                    continue
             queue.remove(request)
             self._free_request(request)
             finished.append(request)
         return finished
 
-    def _verified(self, s: ScheduledRequest, token: int, num_accepted: int) -> list[int]:
-        """The request's new tokens: its accepted drafts, then the sampled token.
-
-        The step computed K/V at every draft's position; those of the rejected drafts
-        belong to tokens that never happened. Counting them as not computed (upstream's
-        ``update_from_output`` does the same) makes the next step compute those positions
-        again, over the same slots, which stay allocated.
-        """
-        drafts = s.spec_token_ids
-        if not drafts:
-            return [token]
-        if s.request.status == RequestStatus.RUNNING:
-            s.request.num_computed_tokens -= len(drafts) - num_accepted
-        assert self.spec_decoding_stats is not None
-        self.spec_decoding_stats.observe_draft(len(drafts), num_accepted)
-        return [*drafts[:num_accepted], token]
-
-    def _append_and_check_stop(self, request: Request, new_tokens: list[int]) -> bool:
-        """Append tokens one at a time and stop at the first that ends the request, so a
-        run of accepted drafts ends exactly where token-by-token decoding would."""
-        for token in new_tokens:
-            request.append_output_token_ids(token)
-            self.num_generated_tokens += 1
-            if check_stop(request, self.max_model_len):
-                return True
-        return False
-
     def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
         """Give running requests their drafts for the next step (upstream's name).
 
-        Drafts of requests that are no longer running are dropped. A request keeps at
-        most ``num_speculative_tokens``, and never more than it could still emit: a step
-        emits its accepted drafts plus one token, so with ``r`` tokens left before
-        ``max_tokens`` only ``r - 1`` drafts can matter. That cap also keeps a request
-        within the blocks ``add_request`` checked the pool has for it.
+        Drafts of requests that are no longer running are dropped; the others keep what
+        ``drafts_to_keep`` allows.
         """
         for rid, drafts in draft_token_ids.items():
             request = self.requests.get(rid)
             if request is not None and request.status == RequestStatus.RUNNING:
-                left = max(0, request.max_tokens - request.num_output_tokens - 1)
-                request.spec_token_ids = list(drafts[: min(self.num_speculative_tokens, left)])
+                k = self.num_speculative_tokens
+                request.spec_token_ids = drafts_to_keep(request, drafts, k)
 
     def keeps_token(self, request: Request) -> bool:
         """Whether a token the model sampled for ``request`` is appended to it.
@@ -394,26 +336,6 @@ class Scheduler:
         scheduling, stopped in the step before): that token is past its end.
         """
         return not request.is_finished() and self.requests.get(request.request_id) is request
-
-    @staticmethod
-    def _tokens_in_batch_order(
-        due: list[ScheduledRequest], sampled: Mapping[str, int] | Sequence[int]
-    ) -> Sequence[int]:
-        """The runner's tokens aligned with ``due``, checked to cover exactly ``due``."""
-        if not isinstance(sampled, Mapping):
-            if len(sampled) != len(due):
-                raise ValueError(
-                    f"sampled_token_ids has {len(sampled)} tokens but {len(due)} requests "
-                    f"were due to sample"
-                )
-            return sampled
-        due_ids = [s.request_id for s in due]
-        if set(sampled) != set(due_ids):
-            raise ValueError(
-                f"sampled_token_ids covers requests {sorted(sampled)} but the requests due "
-                f"to sample are {sorted(due_ids)}"
-            )
-        return [sampled[rid] for rid in due_ids]
 
     def finish_requests(
         self, request_ids: str | Iterable[str], status: RequestStatus
@@ -503,28 +425,3 @@ class Scheduler:
             num_kv_blocks=kv.num_blocks,
             spec_decoding_stats=copy.deepcopy(self.spec_decoding_stats),
         )
-
-
-def _check_num_accepted(
-    due: list[ScheduledRequest], num_accepted_tokens: Sequence[int] | None
-) -> Sequence[int]:
-    """Accepted-draft counts aligned with ``due``, checked before anything changes."""
-    if num_accepted_tokens is None:
-        with_drafts = [s.request_id for s in due if s.spec_token_ids]
-        if with_drafts:
-            raise ValueError(
-                f"requests {with_drafts} were scheduled with draft tokens, but "
-                "num_accepted_tokens was not given"
-            )
-        return [0] * len(due)
-    if len(num_accepted_tokens) != len(due):
-        raise ValueError(
-            f"num_accepted_tokens has {len(num_accepted_tokens)} entries but {len(due)} "
-            "requests were due to sample"
-        )
-    for s, n in zip(due, num_accepted_tokens):
-        if not 0 <= n <= len(s.spec_token_ids):
-            raise ValueError(
-                f"request {s.request_id}: {n} drafts accepted out of {len(s.spec_token_ids)}"
-            )
-    return num_accepted_tokens

@@ -35,7 +35,8 @@ from minivllm.engine import (
     EngineCoreRequest,
     EngineCoreRequestType,
 )
-from minivllm.engine.core import EngineCore, run_engine_core
+from minivllm.engine.core import EngineCore
+from minivllm.engine.core_proc import run_engine_core
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.serial_utils import decode_outputs, encode
 
