@@ -280,10 +280,12 @@ class EngineCore:
         except Exception as exc:  # update_from_output checks before it changes anything
             self._fail_step(scheduler_output, exc, outputs, resend_finished=False)
             return
-        if self.tracer is not None:
-            self.tracer.record_step(scheduler_output, self.kv_cache_manager)
-        sampled = set()
         accepted = runner_output.num_accepted_tokens
+        if self.tracer is not None:
+            self.tracer.record_step(scheduler_output, self.kv_cache_manager, accepted)
+        if self.step_recorder is not None:  # the drafts' fate, into this step's record
+            self.step_recorder.on_verified(scheduler_output, accepted)
+        sampled = set()
         for row, request, num_before in live:
             sampled.add(request.request_id)
             out = self._make_output(request, row, runner_output, num_before)
