@@ -44,11 +44,13 @@ def _pyplot() -> Any:
 
 
 def request_colors(request_ids: list[str]) -> dict[str, Any]:
-    """Request id -> an RGBA color from an 18-color cycle, by position in the list."""
+    """Request id -> an RGBA color from a 16-color cycle, by position in the list."""
     cmap = _pyplot().get_cmap("tab20")
     # The saturated half of tab20 first, then the light half; orange (slots 2, 3) is
-    # left out because it marks shared blocks.
-    order = [i for i in range(0, 20, 2) if i != 2] + [i for i in range(1, 20, 2) if i != 3]
+    # left out because it marks shared blocks, green (4, 5) because it marks accepted
+    # drafts.
+    order = [i for i in range(0, 20, 2) if i not in (2, 4)]
+    order += [i for i in range(1, 20, 2) if i not in (3, 5)]
     return {rid: cmap(order[i % len(order)]) for i, rid in enumerate(request_ids)}
 
 
@@ -270,7 +272,8 @@ def plot_drafts(
 
     Args:
         tracer: A trace of an engine with speculative decoding on.
-        request_id: The request to show (default: the one with the most drafts).
+        request_id: The request to show (default: the one with the most accepted
+            drafts, then the most drafts).
         decode: Token id -> text for the cells (e.g. a tokenizer's ``decode`` of one
             id); default: the ids.
         max_steps: Show at most this many decode steps (its first ones).
@@ -282,11 +285,15 @@ def plot_drafts(
 
     steps = _check_steps(tracer)
     if request_id is None:
-        drafted: dict[str, int] = {}
+        drafted: dict[str, tuple[int, int]] = {}
         for record in steps:
             for s in record.scheduled:
-                drafted[s.request_id] = drafted.get(s.request_id, 0) + s.num_draft_tokens
-        if not drafted or max(drafted.values()) == 0:
+                kept, tried = drafted.get(s.request_id, (0, 0))
+                drafted[s.request_id] = (
+                    kept + (s.num_accepted_tokens or 0),
+                    tried + s.num_draft_tokens,
+                )
+        if not drafted or max(tried for _, tried in drafted.values()) == 0:
             raise ValueError("no step verified a draft: trace an engine with speculative "
                              "decoding on (speculative_config)")
         request_id = max(drafted, key=lambda rid: drafted[rid])
