@@ -78,17 +78,19 @@ class EngineCore:
             self.kv_cache_manager,
             num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
         )
-        # Speculative decoding's proposer. Upstream's runs in the worker, after sampling
-        # (a draft model needs the device); an n-gram proposer needs only the tokens,
-        # which are here.
+        # Speculative decoding's proposer. Upstream's runs in the worker, after sampling:
+        # so does a draft model (it needs the device; its drafts come back with the
+        # step's output), but an n-gram proposer needs only the tokens, which are here.
+        self.speculating = spec is not None
         self.drafter: NgramProposer | None = None
         if spec is not None:
-            self.drafter = NgramProposer(
-                spec.num_speculative_tokens,
-                spec.prompt_lookup_min,
-                spec.prompt_lookup_max,
-                model_config.max_model_len,
-            )
+            if spec.method == "ngram":
+                self.drafter = NgramProposer(
+                    spec.num_speculative_tokens,
+                    spec.prompt_lookup_min,
+                    spec.prompt_lookup_max,
+                    model_config.max_model_len,
+                )
             logger.info(
                 "speculative decoding: %s, up to %d draft tokens per request and step; "
                 "async scheduling is off, steps that verify drafts run without CUDA graphs, "
@@ -297,23 +299,29 @@ class EngineCore:
             request = self.scheduler.requests.get(rid)
             if rid not in sampled and request is not None:  # a prefill chunk, no token yet
                 outputs.append(self._make_output(request, None, runner_output))
-        if self.drafter is not None:
-            self._propose_drafts()
+        if self.speculating:
+            self._propose_drafts(runner_output)
 
-    def _propose_drafts(self) -> None:
-        """Drafts for the next step of every request about to decode.
+    def _propose_drafts(self, runner_output: ModelRunnerOutput) -> None:
+        """Drafts for the next step of every request about to decode: the n-gram
+        proposer's, or those the draft model proposed in this step
+        (``runner_output.draft_token_ids``).
 
         Such a request has all its tokens computed but the one it just gained. Requests
         that want logprobs get none: a step returns one logprobs row per request.
         """
-        assert self.drafter is not None
+        proposed = runner_output.draft_token_ids
+        by_id = {} if proposed is None else dict(zip(runner_output.req_ids, proposed))
         drafts = {}
         for request in self.scheduler.running:
             if (
                 request.num_computed_tokens == request.num_tokens - 1
                 and request.sampling_params.logprobs is None
             ):
-                drafts[request.request_id] = self.drafter.propose_one(request.all_token_ids)
+                if self.drafter is not None:
+                    drafts[request.request_id] = self.drafter.propose_one(request.all_token_ids)
+                elif request.request_id in by_id:
+                    drafts[request.request_id] = by_id[request.request_id]
         self.scheduler.update_draft_token_ids(drafts)
 
     def _fail_step(
