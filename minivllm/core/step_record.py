@@ -7,7 +7,9 @@ histograms (``vllm/v1/metrics/``) and as KV-cache events for external indexers
 
 A record is built by the engine core right after ``Scheduler.schedule()``, only while a
 viewer asked for records, and at most once per sampling interval, so an engine that
-nobody watches pays one ``is None`` test per step. It holds plain ids and numbers (a
+nobody watches pays one ``is None`` test per step. With speculative decoding, the drafts'
+fate is known only once the step ran: ``StepRecorder.on_verified`` then writes the
+accepted counts into that step's record, before the core sends it. It holds plain ids and numbers (a
 ``msgspec.Struct``, so it crosses the process boundary and becomes JSON without
 pickle) and describes the step *as scheduled*: the batch, the queues after admission,
 and the KV pool once this step's blocks were allocated.

@@ -8,7 +8,8 @@
 
 const $ = (id) => document.getElementById(id);
 // What the page has shown so far (read by tests/entrypoints/openai/test_live_page.py).
-const seen = { records: 0, maxRequestsInStep: 0, maxSharedBlocks: 0, preemptions: 0 };
+const seen = { records: 0, maxRequestsInStep: 0, maxSharedBlocks: 0, preemptions: 0,
+  draftTokens: 0, acceptedTokens: 0, rejectedTokens: 0 };
 window.liveView = seen;
 let model = null;
 // A server started with --api-key wants it on every /v1 request: open the page as
@@ -120,42 +121,73 @@ function renderRecord(r) {
   seen.maxRequestsInStep = Math.max(seen.maxRequestsInStep, r.scheduled.length);
   seen.maxSharedBlocks = Math.max(seen.maxSharedBlocks, r.kv_shared.length);
   seen.preemptions += r.preempted.length;
+  for (const s of r.scheduled) {
+    seen.draftTokens += s.num_draft_tokens;
+    if (s.num_accepted_tokens !== null) {
+      seen.acceptedTokens += s.num_accepted_tokens;
+      seen.rejectedTokens += s.num_draft_tokens - s.num_accepted_tokens;
+    }
+  }
   renderBatch(r);
   renderQueues(r);
   renderEvents(r);
   renderGrid(r);
 }
 
+// A request's drafts (speculative decoding): [accepted, rejected, not yet verified]. The
+// record is taken as the step is scheduled; the core fills in the accepted count once the
+// step ran (null until then, and always null without drafts).
+function draftSplit(s) {
+  if (!s.num_draft_tokens) return [0, 0, 0];
+  if (s.num_accepted_tokens === null) return [0, 0, s.num_draft_tokens];
+  return [s.num_accepted_tokens, s.num_draft_tokens - s.num_accepted_tokens, 0];
+}
+
 function renderBatch(r) {
-  const prefill = r.scheduled.reduce((n, s) => n + s.num_prefill_tokens, 0);
-  const decode = r.scheduled.reduce((n, s) => n + s.num_decode_tokens, 0);
+  const sum = (f) => r.scheduled.reduce((n, s) => n + f(s), 0);
+  const prefill = sum((s) => s.num_prefill_tokens);
+  const decode = sum((s) => s.num_decode_tokens);
+  const drafts = [0, 1, 2].map((i) => sum((s) => draftSplit(s)[i]));
+  const numDrafts = drafts[0] + drafts[1] + drafts[2];
+  const draftText = numDrafts
+    ? ` + ${numDrafts} draft (${drafts[0]} accepted, ${drafts[1]} rejected)` : "";
   $("batch-summary").textContent = r.scheduled.length
-    ? `step ${r.step}: ${r.scheduled.length} requests, ${prefill} prefill + ${decode} decode ` +
-      `tokens of a ${r.token_budget}-token budget`
+    ? `step ${r.step}: ${r.scheduled.length} requests, ${prefill} prefill + ${decode} decode` +
+      `${draftText} tokens of a ${r.token_budget}-token budget`
     : `idle after step ${r.step}`;
   // The top bar: the batch against the budget (at least a sliver, so a few decode
   // tokens of a large budget stay visible). The rows: each request's share of the batch.
-  const [p, d] = $("budget").children;
+  const [p, d, a, x, u] = $("budget").children;
   const sliver = (n, total) => (n ? `max(3px, ${100 * n / total}%)` : "0");
   p.style.width = sliver(prefill, r.token_budget);
   d.style.width = sliver(decode, r.token_budget);
-  const total = Math.max(1, prefill + decode);
+  [a, x, u].forEach((el, i) => { el.style.width = sliver(drafts[i], r.token_budget); });
+  const total = Math.max(1, prefill + decode + numDrafts);
   const batch = $("batch");
   batch.dataset.numRequests = r.scheduled.length;
   batch.replaceChildren(...r.scheduled.map((s) => {
     const row = document.createElement("div");
     row.className = "row";
     row.dataset.requestId = s.request_id;
+    const [accepted, rejected, pending] = draftSplit(s);
+    const draftTag = !s.num_draft_tokens ? ""
+      : pending ? `${pending} drafts` : `${accepted}/${s.num_draft_tokens} drafts accepted`;
     const tags = [s.num_prefill_tokens ? `${s.num_prefill_tokens} prefill` : "1 decode",
-      s.is_resumed ? "resumed" : s.is_new ? "new" : "",
+      draftTag, s.is_resumed ? "resumed" : s.is_new ? "new" : "",
       s.num_cached_tokens ? `${s.num_cached_tokens} cached` : "", `${s.num_blocks} blocks`];
     row.innerHTML = `<span class="chip"></span><div class="bar"><span class="prefill">` +
-      `</span><span class="decode"></span></div><span class="tag"></span>`;
+      `</span><span class="decode"></span><span class="accepted"></span>` +
+      `<span class="rejected"></span><span class="pending"></span></div>` +
+      `<span class="tag"></span>`;
+    row.dataset.drafts = s.num_draft_tokens;
+    row.dataset.accepted = accepted;
     row.children[0].textContent = shortId(s.request_id);
     row.children[0].style.background = colour(s.request_id);
-    row.children[1].children[0].style.width = sliver(s.num_prefill_tokens, total);
-    row.children[1].children[1].style.width = sliver(s.num_decode_tokens, total);
-    row.children[1].title = `${s.num_prefill_tokens} prefill, ${s.num_decode_tokens} decode`;
+    const widths = [s.num_prefill_tokens, s.num_decode_tokens, accepted, rejected, pending];
+    widths.forEach((n, i) => { row.children[1].children[i].style.width = sliver(n, total); });
+    row.children[1].title = `${s.num_prefill_tokens} prefill, ${s.num_decode_tokens} decode` +
+      (s.num_draft_tokens ? `, ${s.num_draft_tokens} drafts: ${accepted} accepted, ` +
+        `${rejected} rejected` + (pending ? `, ${pending} not verified yet` : "") : "");
     row.children[2].textContent = tags.filter(Boolean).join(", ");
     return row;
   }));

@@ -69,12 +69,22 @@ def check_record(record: dict) -> None:
     assert not set(cached_free) & set(held)
     assert record["num_scheduled_tokens"] <= record["token_budget"]
     assert record["num_scheduled_tokens"] == sum(
-        s["num_prefill_tokens"] + s["num_decode_tokens"] for s in record["scheduled"]
+        s["num_prefill_tokens"] + s["num_decode_tokens"] + s["num_draft_tokens"]
+        for s in record["scheduled"]
     )
     bs = record["block_size"]
     for s in record["scheduled"]:
         # A request holds exactly the blocks its computed plus scheduled tokens need.
-        tokens = s["num_computed_tokens"] + s["num_prefill_tokens"] + s["num_decode_tokens"]
+        tokens = (
+            s["num_computed_tokens"]
+            + s["num_prefill_tokens"]
+            + s["num_decode_tokens"]
+            + s["num_draft_tokens"]
+        )
+        assert (
+            s["num_accepted_tokens"] is None
+            or 0 <= s["num_accepted_tokens"] <= (s["num_draft_tokens"])
+        )
         assert s["num_blocks"] == len(tables[s["request_id"]]) == -(-tokens // bs), s
 
 

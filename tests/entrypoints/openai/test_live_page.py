@@ -2,7 +2,8 @@
 
 The page streams a prompt's completion (it must equal the API's greedy output), and a
 burst of requests with a shared prefix must show up as several requests in one step and
-as shared blocks in the KV grid. Chromium is driven over its DevTools pipe by the
+as shared blocks in the KV grid. The server speculates (n-gram drafts), so the page also
+shows drafts, each accepted or rejected. Chromium is driven over its DevTools pipe by the
 standard-library client of tests/docs/test_browser.py. Screenshots go to
 ``$MINIVLLM_TEST_ARTIFACTS`` (else the test's temp dir); docs/assets/live_*.png are
 copies of them.
@@ -78,7 +79,10 @@ def test_page_streams_a_prompt_and_shows_a_burst(
     chromium: str, browser: DevTools, artifacts: Path
 ) -> None:
     # With --api-key, the page needs the key too: it asks for it, then works as /#key=KEY.
-    with RemoteOpenAIServer(extra_args=["--api-key", API_KEY]) as server:
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
+    with RemoteOpenAIServer(
+        extra_args=["--api-key", API_KEY, "--speculative-config", spec]
+    ) as server:
         browser.navigate(server.url + "/")
         wait_for(browser, lambda s: "API key" in s["status"], "that it needs the key")
         browser.navigate("about:blank")  # a new fragment alone would not load the page again
@@ -117,5 +121,9 @@ def test_page_streams_a_prompt_and_shows_a_burst(
         seen = state["seen"]
         assert seen["maxRequestsInStep"] >= 2, seen
         assert seen["maxSharedBlocks"] >= 1, seen
+        # Drafts were drawn, and every one of them with its fate: the core sends a step's
+        # record after the step ran (no async scheduling with n-gram speculation).
+        assert seen["draftTokens"] > 0, seen
+        assert seen["acceptedTokens"] + seen["rejectedTokens"] == seen["draftTokens"], seen
         # Once the engine is idle, the pool the page shows has every block back.
         wait_for(browser, lambda s: s["batchRows"] == 0, "the idle pool")
