@@ -164,3 +164,26 @@ def test_draft_pictures(tmp_path) -> None:
     with pytest.raises(ValueError, match="no step verified a draft"):
         plot_drafts(plain)
     assert "drafts.png" not in {p.name for p in save_trace_figures(plain, tmp_path / "plain")}
+
+
+def test_engine_trace_counts_the_engines_drafts() -> None:
+    """Through the engine core's hook: the trace's drafts and acceptances add up to the
+    engine's own speculative-decoding counters, request by request and in total."""
+    from minivllm.demo import demo_model_path
+    from minivllm.llm import LLM
+    from minivllm.tracing.tracer import trace
+
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    llm = LLM(str(demo_model_path()), dtype="float32", max_model_len=256,
+              speculative_config=spec)  # fmt: skip
+    prompts = ["And God said, Let there be light: and there was light. And God said,", "Amen"]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    with trace(llm) as tracer:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    stats = llm.llm_engine.stats.spec_decoding_stats
+    shares = [s for step in tracer.steps for s in step.scheduled]
+    assert sum(s.num_draft_tokens for s in shares) == stats.num_draft_tokens > 0
+    assert sum(s.num_accepted_tokens or 0 for s in shares) == stats.num_accepted_tokens > 0
+    for rid, out in zip(tracer.request_ids(), outputs, strict=True):
+        gained = [t for s in shares if s.request_id == rid for t in s.new_token_ids]
+        assert gained == list(out.outputs[0].token_ids)
