@@ -26,8 +26,11 @@ Three families of graphs follow from the last rule:
   requests with fewer drafts, none, or a short prefill chunk. A replay pads the
   sequences with empty ones, as the prefill graphs do.
 * **prefill** graphs, one per token count in ``prefill_capture_sizes`` (powers of two up
-  to 2048): any batch of at most that many tokens whose
-  longest query picks the attention kernel's prefill tiles. The kernel's grid is an
+  to 2048): any other batch of at most that many tokens. They are captured with the
+  attention kernel's prefill tiles, which compute any query length correctly, so a
+  short query rides them too: a prompt of a few tokens, or the few tokens left of a
+  prompt the prefix cache holds (run eagerly, such a step cost 30 ms or more of
+  launches on an H200, more than the whole prefill it saved). The kernel's grid is an
   upper bound computed from the token count and the sequence count, so the graph is
   captured with the most sequences such a batch can hold (one token each, at most
   ``max_num_seqs``) and a replay pads the rest with empty sequences (no query tokens,
@@ -249,19 +252,22 @@ class CUDAGraphRunner:
 
         A pure decode batch takes a decode graph. A batch of short queries (decode tiles,
         more than one token per sequence: drafts being verified, maybe beside a short
-        prefill chunk) takes a verify graph when every query fits its ``1 + k`` tokens. A
-        batch whose longest query selects the prefill tiles takes the smallest prefill
-        graph with room for its tokens. Anything else runs eagerly, as do batches larger
-        than every graph.
+        prefill chunk) takes a verify graph when every query fits its ``1 + k`` tokens.
+        Any other batch takes the smallest prefill graph with room for its tokens: the
+        prefill tiles give every query length the right answer (a mixed batch's decode
+        rows already rely on that), so a short query (a prompt of a few tokens, or the
+        last tokens of a prompt the prefix cache holds) need not run eagerly, which costs
+        tens of milliseconds of launches. Batches larger than every graph run eagerly.
         """
         q = meta.max_query_len
         if q == 1:
             bs = self.padded_size(meta.num_seqs)
             return None if bs is None else (DECODE, bs)
-        if q < PREFILL_MIN_QUERY_LEN:
+        if q <= self.verify_query_len:
             # num_seqs <= bs and q <= verify_query_len: the tokens fit as well.
-            bs = self.padded_size(meta.num_seqs) if q <= self.verify_query_len else None
-            return None if bs is None else (VERIFY, bs)
+            bs = self.padded_size(meta.num_seqs)
+            if bs is not None:
+                return (VERIFY, bs)
         i = bisect.bisect_left(self.prefill_capture_sizes, num_tokens)
         if i < len(self.prefill_capture_sizes):
             return (PREFILL, self.prefill_capture_sizes[i])

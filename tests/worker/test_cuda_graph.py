@@ -73,18 +73,20 @@ def test_graphs_equal_eager(tmp_path, arch: str, budget: int) -> None:
 
 def test_verify_graphs_are_keyed_by_batch_size_and_fit_short_queries() -> None:
     """k = 3: a batch of short queries (up to 1 + k tokens each) replays the verify graph
-    of its padded batch size; a longer short query runs eagerly; a query that picks the
-    prefill tiles takes a prefill graph; without speculation no verify graph exists."""
+    of its padded batch size; a longer query takes a prefill graph, short or not; without
+    speculation no verify graph exists and short queries take prefill graphs too."""
     graphs = _cpu_graph_runner(num_speculative_tokens=3)
     assert graphs.verify_query_len == 4 and graphs.verify_capture_sizes == [1, 2, 4, 8]
     assert (VERIFY, 4) in graphs.graph_keys()
     assert graphs.graph_key(_meta(max_query_len=4, num_seqs=3), 12) == (VERIFY, 4)
     assert graphs.graph_key(_meta(max_query_len=2, num_seqs=8), 9) == (VERIFY, 8)
-    assert graphs.graph_key(_meta(max_query_len=5, num_seqs=2), 6) is None
+    assert graphs.graph_key(_meta(max_query_len=5, num_seqs=2), 6) == (PREFILL, 32)
     assert graphs.graph_key(_meta(max_query_len=1, num_seqs=5), 5) == (DECODE, 8)
     assert graphs.graph_key(_meta(max_query_len=40, num_seqs=2), 41) == (PREFILL, 64)
     plain = _cpu_graph_runner(num_speculative_tokens=0)
-    assert plain.verify_capture_sizes == [] and plain.graph_key(_meta(4, 3), 12) is None
+    assert plain.verify_capture_sizes == [] and plain.graph_key(_meta(4, 3), 12) == (PREFILL, 32)
+    # A batch of more tokens than the largest prefill graph runs eagerly.
+    assert plain.graph_key(_meta(max_query_len=40, num_seqs=2), 65) is None
     # 1 + k long enough for the prefill tiles: those graphs serve verification.
     assert _cpu_graph_runner(num_speculative_tokens=40).verify_capture_sizes == []
 
@@ -161,6 +163,33 @@ def test_verify_steps_through_the_graph_layout_equal_eager_on_cpu(tmp_path) -> N
             replays = llm.collective_rpc(_replays)[0]
             assert replays[VERIFY] > 0 and replays[DECODE] + replays[PREFILL] > 0, replays
         assert llm.llm_engine.stats.spec_decoding_stats.num_accepted_tokens > 0
+    assert results[1] == results[0]
+
+
+def test_short_queries_through_prefill_graphs_equal_eager_on_cpu(tmp_path) -> None:
+    """Without speculation, a batch of short queries (prompts of a few tokens, and prompts
+    sent again whose blocks the prefix cache holds, so only their last tokens are
+    computed) replays a prefill graph, and its tokens equal the eager run's."""
+    path = make_tiny_model("qwen3", tmp_path / "qwen3")
+    prompts = [{"prompt_token_ids": [5 + i for i in range(n)]} for n in (3, 9, 40, 66)]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    results = []
+    for emulate in (False, True):
+        llm = LLM(
+            str(path), dtype="float32", device="cpu", max_model_len=128, max_num_seqs=8,
+            max_num_batched_tokens=64, enable_prefix_caching=True,
+        )  # fmt: skip
+        if emulate:
+            llm.collective_rpc(_install_emulated_graphs, args=(0,))
+        first = llm.generate(prompts, params, use_tqdm=False)
+        before = llm.collective_rpc(_replays)[0] if emulate else None
+        again = llm.generate(prompts[2:], params, use_tqdm=False)  # prefix-cache hits
+        results.append([o.outputs[0].token_ids for o in first + again])
+        if emulate:
+            after = llm.collective_rpc(_replays)[0]
+            assert before[PREFILL] > 0, before
+            assert after[PREFILL] > before[PREFILL], (before, after)
+            assert llm.llm_engine.stats.prefix_cache_hits > 0
     assert results[1] == results[0]
 
 
