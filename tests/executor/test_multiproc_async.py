@@ -123,3 +123,29 @@ def test_a_step_failing_on_every_rank_fails_only_its_requests(llama_path, monkey
         workers = llm.llm_engine.engine_core.engine_core.model_executor.workers
         assert all(w.is_alive() for w in workers)
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tp2_async_matches_sync_on_two_gpus(llama_path) -> None:
+    """NCCL, CUDA graphs and each worker's reply thread on its own GPU: overlapping steps
+    must not change a token (greedy and seeded-penalized)."""
+    prompts = [[5, 6, 7], list(range(3, 60)), [9, 10] * 20]
+    params = [
+        GREEDY,
+        GREEDY,
+        SamplingParams(temperature=1.0, seed=3, repetition_penalty=1.3, max_tokens=12),
+    ]
+    runs = []
+    for async_scheduling in (True, False):
+        with LLM(
+            str(llama_path),
+            tensor_parallel_size=2,
+            async_scheduling=async_scheduling,
+            dtype="float32",
+            max_model_len=128,
+            gpu_memory_utilization=0.2,
+        ) as llm:
+            runs.append(_tokens(llm, prompts, params))
+    assert runs[0] == runs[1]
+    assert multiprocessing.active_children() == []
