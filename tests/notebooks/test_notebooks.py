@@ -76,6 +76,7 @@ def test_notebooks_exist() -> None:
         "05_memory.ipynb",
         "06_sampling.ipynb",
         "07_serving.ipynb",
+        "08_spec_decode.ipynb",
     ]
 
 
