@@ -33,7 +33,7 @@ from minivllm.engine import (
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.executor.abstract import Executor
 from minivllm.request import Request, RequestStatus
-from minivllm.runner_outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
+from minivllm.runner_outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from minivllm.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger(__name__)
@@ -92,9 +92,9 @@ class EngineCore:
                     model_config.max_model_len,
                 )
             logger.info(
-                "speculative decoding: %s, up to %d draft tokens per request and step; "
-                "async scheduling is off, steps that verify drafts run without CUDA graphs, "
-                "requests that ask for logprobs are not speculated",
+                "speculative decoding: %s, up to %d draft tokens per request and step "
+                "(verification steps replay CUDA graphs; requests with logprobs get one "
+                "row per kept token; async scheduling is off)",
                 spec.method,
                 spec.num_speculative_tokens,
             )
@@ -307,17 +307,14 @@ class EngineCore:
         proposer's, or those the draft model proposed in this step
         (``runner_output.draft_token_ids``).
 
-        Such a request has all its tokens computed but the one it just gained. Requests
-        that want logprobs get none: a step returns one logprobs row per request.
+        Such a request has all its tokens computed but the one it just gained (a request
+        that wants logprobs too: a step returns a row for every token it keeps).
         """
         proposed = runner_output.draft_token_ids
         by_id = {} if proposed is None else dict(zip(runner_output.req_ids, proposed))
         drafts = {}
         for request in self.scheduler.running:
-            if (
-                request.num_computed_tokens == request.num_tokens - 1
-                and request.sampling_params.logprobs is None
-            ):
+            if request.num_computed_tokens == request.num_tokens - 1:
                 if self.drafter is not None:
                     drafts[request.request_id] = self.drafter.propose_one(request.all_token_ids)
                 elif request.request_id in by_id:
@@ -373,9 +370,9 @@ class EngineCore:
         )
         lists = None if runner_output is None else runner_output.logprobs
         if row is not None and lists is not None and request.sampling_params.logprobs is not None:
-            out.new_logprobs = LogprobsLists(
-                [lists.token_ids[row]], [lists.logprobs[row]], [lists.ranks[row]]
-            )
+            # One row per kept token: a speculative step may keep several, and a stop
+            # rule inside its accepted run keeps fewer than it computed.
+            out.new_logprobs = lists.slice_request(row, len(out.new_token_ids))
         if request.is_finished():
             out.finish_reason = _FINISH_REASONS[request.status]
             out.stop_reason = request.stop_reason

@@ -39,6 +39,7 @@ emitted token of its first rejected row (or its bonus row).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -163,20 +164,25 @@ class RejectionSampler(nn.Module):
         output: SamplerOutput,
     ) -> tuple[torch.Tensor, torch.Tensor, LogprobsTensors | None]:
         """Per request, on the device: the token after its accepted drafts, how many
-        drafts it accepted, and the logprobs of that one token.
+        drafts it accepted, and the logprobs of every token it gains.
 
         With the drafts, which the scheduler already knows, this is the whole output:
-        the request gains ``drafts[:num_accepted]`` and then the token.
+        the request gains ``drafts[:num_accepted]`` and then the token. The logprobs are
+        the grid's, row by row: request ``i``'s rows start at
+        ``cu_num_generated_tokens[i] = i * (max_spec_len + 1)`` and its ``j``-th token's
+        row is the ``j``-th, so ``LogprobsLists.slice_request(i, n)`` gives the first
+        ``n`` tokens it keeps (a stop rule may keep fewer than the run). The rows after
+        the run are never read; sending them costs less than asking the device where
+        each run ends (upstream's ``parse_output`` compacts them on the host instead).
         """
         grid = output.sampled_token_ids
         num_accepted = (grid != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
         last = grid.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
         logprobs = output.logprobs_tensors
         if logprobs is not None:
-            rows = torch.arange(grid.shape[0], device=grid.device) * grid.shape[1] + num_accepted
-            logprobs = LogprobsTensors(
-                logprobs.token_ids[rows], logprobs.logprobs[rows], logprobs.ranks[rows]
-            )
+            batch, width = grid.shape
+            starts = list(range(0, (batch + 1) * width, width))
+            logprobs = dataclasses.replace(logprobs, cu_num_generated_tokens=starts)
         return last, num_accepted, logprobs
 
     @staticmethod
@@ -187,7 +193,7 @@ class RejectionSampler(nn.Module):
 
         Returns:
             The token ids per request, and the logprobs of those tokens, request after
-            request (request ``i`` owns the next ``len(tokens[i])`` rows).
+            request (request ``i`` owns rows ``cu_num_generated_tokens[i]:[i + 1]``).
         """
         grid = output_token_ids.cpu()
         valid = grid != PLACEHOLDER_TOKEN_ID
@@ -195,10 +201,12 @@ class RejectionSampler(nn.Module):
         if logprobs_tensors is None:
             return tokens, None
         keep = valid.flatten().to(logprobs_tensors.token_ids.device)
+        cu = [0, *torch.cumsum(valid.sum(dim=1), dim=0).tolist()]
         kept = LogprobsTensors(
             logprobs_tensors.token_ids[keep],
             logprobs_tensors.logprobs[keep],
             logprobs_tensors.ranks[keep],
+            cu,
         )
         return tokens, kept.tolists()
 

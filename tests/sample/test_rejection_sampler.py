@@ -293,6 +293,8 @@ def test_logprobs_are_the_raw_logprobs_of_the_emitted_tokens() -> None:
     out = RejectionSampler(Sampler())(metadata, None, logits, md)
     tokens, logprobs = RejectionSampler.parse_output(out.sampled_token_ids, out.logprobs_tensors)
     assert tokens[0] == [1, 3]
+    assert logprobs is not None
+    assert logprobs.cu_num_generated_tokens == [0, 2, 3, 3 + len(tokens[2])]
     # The sampled row behind each emitted token: request 0 rows 0, 1; 1 row 3; 2 rows 4, 5.
     rows = [0, 1, 3] + [4, 5][: len(tokens[2])]
     flat = [t for ts in tokens for t in ts]
@@ -327,10 +329,17 @@ def test_last_tokens_split_the_grid_per_request() -> None:
     last, num_accepted, logprobs = RejectionSampler.last_tokens(out)
     assert last.tolist() == [6, 3, 7] and num_accepted.tolist() == [2, 0, 2]
     assert logprobs is not None
-    assert logprobs.token_ids[:, 0].tolist() == [6, 3, 7]
+    lists = logprobs.tolists()
     raw = logits.log_softmax(dim=-1)
-    expected = [raw[2, 6], raw[4, 3], raw[7, 7]]  # the rows that emitted them
-    torch.testing.assert_close(logprobs.logprobs[:, 0], torch.stack(expected))
+    # Each request's run, token by token, with the sampled row that scored each token.
+    runs = {0: ([1, 2, 6], [0, 1, 2]), 1: ([3], [4]), 2: ([4, 5, 7], [5, 6, 7])}
+    for i, (tokens, rows) in runs.items():
+        mine = lists.slice_request(i, len(tokens))
+        assert [ids[0] for ids in mine.token_ids] == tokens
+        expected = [raw[r, t].item() for r, t in zip(rows, tokens)]
+        assert [lp[0] for lp in mine.logprobs] == pytest.approx(expected, abs=1e-6)
+    # A stop rule that keeps only the first token of request 2's run.
+    assert lists.slice_request(2, 1).token_ids == [[4]]
 
 
 def test_a_request_with_a_non_finite_row_is_flagged_alone() -> None:

@@ -116,10 +116,12 @@ def test_stop_rules_cut_an_accepted_run_exactly(model_dir) -> None:
     assert spec.llm_engine.stats.spec_decoding_stats.num_accepted_tokens > 0
 
 
-def test_requests_with_logprobs_are_not_speculated(model_dir, llm) -> None:
-    """A request that wants logprobs decodes one token per step, also when it shares a
-    verification step with a speculating request, and gets the logprobs it gets
-    without speculation."""
+def test_requests_with_logprobs_are_speculated(model_dir, llm) -> None:
+    """A request that wants logprobs is speculated like any other: each step returns a
+    logprobs row for every token it keeps (the accepted drafts, scored by the rows that
+    verified them, and the one after), equal within float tolerance to the logprobs
+    without speculation; a max_tokens or a stop token inside an accepted run cuts the
+    logprobs where it cuts the tokens."""
     spec = LLM(
         str(model_dir),
         dtype="float32",
@@ -127,22 +129,27 @@ def test_requests_with_logprobs_are_not_speculated(model_dir, llm) -> None:
         max_model_len=128,
         speculative_config=ngram(3),
     )
+    prompts = [TEXT_PROMPTS[2], TEXT_PROMPTS[1], TEXT_PROMPTS[2]]  # they repeat themselves
+    free = llm.generate(prompts[1], SamplingParams(temperature=0.0, max_tokens=24))
+    stop_token = free[0].outputs[0].token_ids[9]
     params = [
-        SamplingParams(temperature=0.0, max_tokens=12, logprobs=2),
-        SamplingParams(temperature=0.0, max_tokens=24),
+        SamplingParams(temperature=0.0, max_tokens=13, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=24, logprobs=0, stop_token_ids=[stop_token]),
+        SamplingParams(temperature=0.0, max_tokens=24, logprobs=3),
     ]
-    got = spec.generate(TEXT_PROMPTS[:2], params, use_tqdm=False)
-    expected = llm.generate(TEXT_PROMPTS[:2], params, use_tqdm=False)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    expected = llm.generate(prompts, params, use_tqdm=False)
     assert _summary(got) == _summary(expected)
-    with_logprobs, reference = got[0].outputs[0], expected[0].outputs[0]
-    assert len(with_logprobs.logprobs) == len(with_logprobs.token_ids) == 12
-    for position, ref in zip(with_logprobs.logprobs, reference.logprobs, strict=True):
-        assert position.keys() == ref.keys()
-        for token, entry in position.items():
-            assert entry.logprob == pytest.approx(ref[token].logprob, abs=1e-4)
-            assert entry.rank == ref[token].rank
-    assert got[0].metrics.num_draft_tokens == 0
-    assert got[1].metrics.num_draft_tokens > 0  # its neighbour did speculate
+    for out, ref_out in zip(got, expected, strict=True):
+        mine, reference = out.outputs[0], ref_out.outputs[0]
+        assert len(mine.logprobs) == len(mine.token_ids)
+        for position, ref in zip(mine.logprobs, reference.logprobs, strict=True):
+            assert position.keys() == ref.keys()
+            for token, entry in position.items():
+                assert entry.logprob == pytest.approx(ref[token].logprob, abs=1e-4)
+                assert entry.rank == ref[token].rank
+        assert mine.cumulative_logprob == pytest.approx(reference.cumulative_logprob, abs=1e-3)
+    assert all(o.metrics.num_accepted_tokens > 0 for o in got)
 
 
 @pytest.mark.parametrize(
