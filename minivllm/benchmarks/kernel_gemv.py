@@ -54,6 +54,12 @@ FMA_CONFIGS = (
     (8, 512, 4, 2), (16, 256, 4, 2), (8, 256, 4, 2), (4, 512, 4, 2), (8, 512, 4, 3),
     (8, 1024, 8, 2), (16, 512, 8, 2), (4, 1024, 4, 2), (8, 256, 2, 3), (4, 256, 2, 3),
 )  # fmt: skip
+# The tilings also tried with an L2 prefetch of the weights, and with programmatic
+# dependent launch on top (which overlaps that prefetch with the previous kernel's end).
+PREFETCH_SHORTLIST = (
+    ((16, 128, 2, 4), True), ((32, 128, 4, 4), True), ((16, 256, 2, 3), True),
+    ((4, 1024, 4, 2), False), ((8, 1024, 8, 2), False), ((4, 512, 4, 2), False),
+)  # fmt: skip
 L2_FLUSH_BYTES = 256 << 20  # rotate weight copies totalling at least this much
 
 
@@ -124,6 +130,36 @@ class Shape:
         err = (first.float() - self.reference).abs().max().item()
         return {"max_rel_err": err / scale, "deterministic": bool(torch.equal(first, self.out))}
 
+    def check_after_write(self, config) -> float:
+        """Error when the kernel reads an ``x`` that the kernel just before it wrote.
+
+        What programmatic dependent launch must get right: a CUDA graph of "write -x into
+        a buffer" then the kernel on that buffer. Reading x before the write had finished
+        would give +reference instead of -reference.
+        """
+        from minivllm.model_executor.layers.triton_skinny_gemm import launch_skinny_gemm
+
+        buf = self.x.clone()
+        calls = [
+            lambda: torch.neg(self.x, out=buf),
+            lambda: launch_skinny_gemm(self.out, buf, self.weights[0], None, config),
+        ]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for fn in calls:
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in calls:
+                fn()
+        buf.copy_(self.x)
+        graph.replay()
+        torch.cuda.synchronize()
+        scale = self.reference.abs().max().item()
+        return (self.out.float() + self.reference).abs().max().item() / scale
+
     def time_kernel(self, config) -> dict:
         """Check and time the kernel with ``config``; microseconds per call."""
         from minivllm.model_executor.layers.triton_skinny_gemm import launch_skinny_gemm
@@ -132,6 +168,8 @@ class Shape:
             launch_skinny_gemm(self.out, self.x, w, None, config)
 
         checked = self.check(launch)
+        if config.pdl:
+            checked["pdl_after_write_rel_err"] = self.check_after_write(config)
         us = _time_graph([lambda w=w: launch(w) for w in self._rotation()])
         return {"us": us, **checked}
 
@@ -148,8 +186,14 @@ def candidate_configs(m: int, n: int) -> list:
         fma = [c for c in FMA_CONFIGS if block_m * c[0] * c[1] <= 128 * 32 * c[2]]
         bases = [b for pair in itertools.zip_longest(bases, [(c, False) for c in fma])
                  for b in pair if b is not None]  # fmt: skip
-    return [GemvConfig(bn, bk, s, w, st, use_dot=dot)
-            for ((bn, bk, w, st), dot), s in itertools.product(bases, split_counts(n))]  # fmt: skip
+    out = [GemvConfig(bn, bk, s, w, st, use_dot=dot)
+           for ((bn, bk, w, st), dot), s in itertools.product(bases, split_counts(n))]  # fmt: skip
+    for ((bn, bk, w, st), dot), s, pdl in itertools.product(
+        PREFETCH_SHORTLIST, split_counts(n), (False, True)
+    ):
+        if ((bn, bk, w, st), dot) in bases:
+            out.append(GemvConfig(bn, bk, s, w, st, use_dot=dot, prefetch=True, pdl=pdl))
+    return out
 
 
 def triton_next_power_of_2(m: int) -> int:

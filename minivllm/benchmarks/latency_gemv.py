@@ -2,8 +2,9 @@
 
 ``python -m minivllm.benchmarks.latency_gemv --output OUT.json`` runs ``minivllm bench
 latency`` (with a profile of eight decode steps) in fresh processes, alternately with the
-linear layers' small-M kernel off (``MINIVLLM_GEMV_MAX_M=0``: cuBLAS for every shape) and
-on (the default row limit), and writes one JSON with every run, the medians of each side
+linear layers' small-M kernel off (``MINIVLLM_GEMV_MAX_M=0``: cuBLAS for every shape),
+on (the default row limit) and, with ``--sides``, on with programmatic dependent launch
+(``MINIVLLM_GEMV_PDL=1``), and writes one JSON with every run, the medians of each side
 and the ratio. Separate processes, because the layers bind their implementation at the
 first forward pass and the captured CUDA graphs keep it; alternating, so that a drift of
 the GPU's clocks over the run shows as a spread between rounds rather than as a ratio.
@@ -24,18 +25,22 @@ from typing import Any
 
 from minivllm.benchmarks.common import environment
 from minivllm.model_executor.layers.linear import DEFAULT_GEMV_MAX_M, GEMV_MAX_M_ENV
+from minivllm.model_executor.layers.triton_skinny_gemm import PDL_ENV
 
-SIDES = {"off": "0", "on": None}  # the environment value of each side (None: unset)
+# The environment of each side: kernel off, on, and on with programmatic dependent launch.
+SIDES: dict[str, dict[str, str]] = {
+    "off": {GEMV_MAX_M_ENV: "0"},
+    "on": {},
+    "on_pdl": {PDL_ENV: "1"},
+}
 
 
 def _run_side(
     side: str, out_dir: Path, round_no: int, extra: list[str], timeout_s: float
 ) -> dict[str, Any]:
     """One ``minivllm bench latency`` process for ``side``; its JSON result (or the error)."""
-    env = dict(os.environ)
-    env.pop(GEMV_MAX_M_ENV, None)
-    if SIDES[side] is not None:
-        env[GEMV_MAX_M_ENV] = SIDES[side]
+    env = {k: v for k, v in os.environ.items() if k not in (GEMV_MAX_M_ENV, PDL_ENV)}
+    env.update(SIDES[side])
     output = out_dir / f"latency_{side}_{round_no}.json"
     cmd = [sys.executable, "-m", "minivllm.cli", "bench", "latency", "--output", str(output),
            "--profile-dir", str(out_dir / f"profile_{side}_{round_no}"), *extra]  # fmt: skip
@@ -63,31 +68,41 @@ def main(argv: list[str] | None = None) -> None:
         default=600.0,
         help="stop a bench latency process that runs longer than this",
     )
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        default=["off", "on"],
+        choices=list(SIDES),
+        help="which settings to run; 'off' always runs, first",
+    )
     parser.add_argument("extra", nargs="*", help="after --: options of minivllm bench latency")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    sides = ["off", *[s for s in args.sides if s != "off"]]
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         for round_no in range(args.rounds):
-            for side in SIDES:
+            for side in sides:
                 runs[side].append(_run_side(side, Path(tmp), round_no, args.extra, args.timeout_s))
     result: dict[str, Any] = {**environment(), "env_switch": GEMV_MAX_M_ENV,
                               "gemv_max_m_on": DEFAULT_GEMV_MAX_M, "runs": runs}  # fmt: skip
-    ok = {side: [r for r in runs[side] if "error" not in r] for side in SIDES}
-    for side in SIDES:
+    ok = {side: [r for r in runs[side] if "error" not in r] for side in sides}
+    for side in sides:
         for key in ("median_tpot_ms", "median_ttft_ms"):
             values = [r[key] for r in ok[side]]
             result[f"{side}_{key}"] = statistics.median(values) if values else None
         busy = [r["profile"].get("device_busy_ms_per_step") for r in ok[side]]
         result[f"{side}_device_busy_ms_per_step"] = statistics.median(busy) if busy else None
-    if result["off_median_tpot_ms"] and result["on_median_tpot_ms"]:
-        result["tpot_off_over_on"] = result["off_median_tpot_ms"] / result["on_median_tpot_ms"]
-        print(
-            f"batch-1 TPOT: kernel off {result['off_median_tpot_ms']:.3f} ms, "
-            f"on {result['on_median_tpot_ms']:.3f} ms (x{result['tpot_off_over_on']:.2f})",
-            flush=True,
-        )
+    for side in sides[1:]:
+        if result["off_median_tpot_ms"] and result[f"{side}_median_tpot_ms"]:
+            ratio = result["off_median_tpot_ms"] / result[f"{side}_median_tpot_ms"]
+            result[f"tpot_off_over_{side}"] = ratio
+            print(
+                f"batch-1 TPOT: kernel off {result['off_median_tpot_ms']:.3f} ms, "
+                f"{side} {result[f'{side}_median_tpot_ms']:.3f} ms (x{ratio:.2f})",
+                flush=True,
+            )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
 

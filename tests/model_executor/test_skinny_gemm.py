@@ -36,6 +36,10 @@ CONFIGS = [
     GemvConfig(block_n=16, block_k=32, split_k=3),  # K = 100 split into 3 x 64: last masked
     GemvConfig(block_n=8, block_k=64, split_k=2, use_dot=False),
     GemvConfig(block_n=4, block_k=16, split_k=1, use_dot=False, num_warps=2),
+    # Prefetch and programmatic dependent launch are PTX: exercised on a GPU only (the
+    # interpreter runs these as the plain configurations).
+    GemvConfig(block_n=16, block_k=32, split_k=3, prefetch=True, pdl=True),
+    GemvConfig(block_n=4, block_k=64, split_k=1, use_dot=False, prefetch=True),
 ]
 
 
@@ -99,10 +103,21 @@ def test_skinny_gemm_refuses_mismatched_shapes():
         skinny_gemm(torch.randn(1, 24, device=DEVICE), w.t())
 
 
-def test_default_config_splits_only_narrow_layers():
-    assert default_config(1, 6144, 1024).split_k == 1
-    assert default_config(1, 1024, 3072).split_k > 1
-    assert default_config(1, 1024, 256).split_k == 1  # too little K to share
+def test_default_config_follows_the_sweep():
+    # One or two rows of a narrow layer: CUDA cores, 4 features x all of K per program.
+    assert default_config(1, 1024, 3072) == GemvConfig(4, 1024, 1, 4, 2, use_dot=False)
+    # More rows: tensor cores; narrow layers split K four ways, wide ones do not.
+    assert default_config(8, 1024, 3072).split_k == 4
+    assert default_config(1, 6144, 1024) == GemvConfig(16, 128, 1, 2, 4, use_dot=True)
+    assert default_config(4, 1024, 256).split_k == 1  # too little K to share
+    assert default_config(1, 4096, 1024, pdl=True).pdl
+
+
+def test_pdl_needs_the_switch_and_a_gpu(monkeypatch):
+    monkeypatch.setattr(triton_skinny_gemm, "_PDL_ENV", "1")
+    assert not triton_skinny_gemm.pdl_enabled(torch.device("cpu"))
+    monkeypatch.setattr(triton_skinny_gemm, "_PDL_ENV", "0")
+    assert not triton_skinny_gemm.pdl_enabled(torch.device("cuda", 0))
 
 
 # ---------------------------------------------------------------------------- dispatch

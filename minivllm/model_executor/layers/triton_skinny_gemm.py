@@ -37,6 +37,7 @@ falls back to ``SPLIT_K = 1``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -48,6 +49,10 @@ from minivllm.model_executor.custom_op import fake_noop, register_op
 
 # Triton reads TRITON_INTERPRET once, at import (tests/conftest.py sets it on the CPU).
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+#: ``MINIVLLM_GEMV_PDL=1``: launch with programmatic dependent launch (read once).
+PDL_ENV = "MINIVLLM_GEMV_PDL"
+_PDL_ENV = os.environ.get(PDL_ENV, "0")
+_pdl_capable: dict[torch.device, bool] = {}
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,10 @@ class GemvConfig:
         num_warps: Warps per program.
         num_stages: Loop steps whose loads are in flight at once (software pipelining).
         use_dot: Multiply with ``tl.dot`` (tensor cores) rather than multiply-and-sum.
+        prefetch: Ask L2 for every line of the program's weights before the loop.
+        pdl: Programmatic dependent launch: start while the previous kernel finishes,
+            prefetch the weights, and wait for it only before reading ``x`` (needs
+            ``prefetch``; Hopper or newer).
     """
 
     block_n: int
@@ -69,6 +78,8 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 3
     use_dot: bool = True
+    prefetch: bool = False
+    pdl: bool = False
 
 
 @triton.jit
@@ -80,6 +91,28 @@ def _store_output(
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _prefetch_weights(w_ptr, cols, stride_wn, N, K, k_start, k_per_split):
+    """Ask L2 for every 128-byte line of this program's share of ``W``, without waiting.
+
+    ``prefetch.global.L2`` is fire-and-forget: no register waits for the data, so a few
+    instructions put the whole share in flight at once, and the main loop then finds it
+    in L2. Addresses are clamped into the matrix (a line requested twice costs nothing).
+    """
+    LINE: tl.constexpr = 64  # bf16 elements per 128-byte line
+    rows = w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * stride_wn
+    for k0 in range(0, k_per_split, 16 * LINE):
+        ks = tl.minimum(k_start + k0 + tl.arange(0, 16) * LINE, K - 1)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
+            "=r,l",
+            [rows + ks[None, :]],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -105,6 +138,8 @@ def skinny_gemm_kernel(
     USE_DOT: tl.constexpr,
     INTERPRETED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program ``(n, s)``: output columns ``n * BLOCK_N ...`` from K-slice ``s``.
 
@@ -121,6 +156,13 @@ def skinny_gemm_kernel(
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
     k_start = pid_k * k_per_split
+    if PREFETCH:
+        _prefetch_weights(w_ptr, cols, stride_wn, N, K, k_start, k_per_split)
+    if PDL:
+        # Launched before the previous kernel has finished (programmatic dependent launch):
+        # the weights, which no kernel writes, are already on their way; x is that
+        # kernel's output, so wait for it here, before the first read of x or any write.
+        tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, k_per_split, BLOCK_K):
         ks = k_start + k0 + tl.arange(0, BLOCK_K)
@@ -179,16 +221,40 @@ def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None
     return ws
 
 
-def default_config(m: int, n: int, k: int) -> GemvConfig:
-    """The launch configuration for ``[m, k] x [n, k]^T``.
+def default_config(m: int, n: int, k: int, pdl: bool = False) -> GemvConfig:
+    """The launch configuration for ``[m, k] x [n, k]^T``, from the H200 sweep of
+    ``minivllm/benchmarks/kernel_gemv.py`` on Qwen3-0.6B's layers (M = 1, 2, 4, 8).
 
-    Enough programs to cover every SM a few times over: wide layers (``n >= 4096``)
-    get one program per 16 output features; narrow ones split ``K`` as well.
+    * One or two rows of a narrow layer (``n <= 2048``: o_proj, down_proj): four output
+      features per program and all of ``K`` (up to 1024) in one step, on the CUDA cores.
+      256 programs each issue one 8 KB load and wait once, where cuBLAS took 2-3 times
+      longer (split-K plus a reduction kernel).
+    * Everything else: tensor-core tiles of 16 features x 128 inputs, two warps, four
+      stages in flight; narrow layers split ``K`` four ways so 64 output tiles still
+      make 256 programs.
+
+    Args:
+        m: Rows of ``x``. n: Output features. k: Input features.
+        pdl: Prefetch the weights and use programmatic dependent launch (see
+            :class:`GemvConfig`); the caller checks that the GPU supports it.
     """
-    if n >= 4096:
-        return GemvConfig(block_n=16, block_k=256, split_k=1)
-    split = max(1, min(4, k // 512))
-    return GemvConfig(block_n=16, block_k=256, split_k=split)
+    narrow = n <= 2048
+    if narrow and m <= 2:
+        config = GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=2, use_dot=False)
+    else:
+        config = GemvConfig(block_n=16, block_k=128, split_k=4 if narrow and k >= 1024 else 1,
+                            num_warps=2, num_stages=4)  # fmt: skip
+    return dataclasses.replace(config, prefetch=pdl, pdl=pdl)
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether the layers launch with programmatic dependent launch on ``device``:
+    ``MINIVLLM_GEMV_PDL=1`` and a Hopper or newer GPU."""
+    if _PDL_ENV != "1" or device.type != "cuda" or _INTERPRETED:
+        return False
+    if device not in _pdl_capable:
+        _pdl_capable[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    return _pdl_capable[device]
 
 
 def launch_skinny_gemm(
@@ -224,8 +290,11 @@ def launch_skinny_gemm(
         INTERPRETED=_INTERPRETED,
         # float32 weights: exact products as F.linear computes them, not TF32's 10 bits.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        PREFETCH=(config.prefetch or config.pdl) and not _INTERPRETED,  # PTX, GPU only
+        PDL=config.pdl and not _INTERPRETED,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **({"launch_pdl": True} if config.pdl and not _INTERPRETED else {}),
     )  # fmt: skip
 
 
@@ -235,7 +304,8 @@ def _skinny_gemm_impl(
     m, k = x.shape
     if m == 0 or out.shape[1] == 0:
         return
-    launch_skinny_gemm(out, x, weight, bias, default_config(m, weight.shape[0], k))
+    config = default_config(m, weight.shape[0], k, pdl=pdl_enabled(x.device))
+    launch_skinny_gemm(out, x, weight, bias, config)
 
 
 register_op(
