@@ -21,12 +21,14 @@ import triton
 import triton.language as tl
 
 # A segment shorter than this spends more on its fixed costs (q load, partial write,
-# the extra reduce kernel) than it gains from parallelism.
-MIN_TOKENS_PER_SEGMENT = 512
+# the merge) than it gains from parallelism: one 64-key tile is the least worth a program
+# (a small decode step is latency-bound, docs/benchmarks/perf2/kernel_variants.json).
+MIN_TOKENS_PER_SEGMENT = 64
 # Upper bound on segments; a power of two because the reduce kernel tiles over them.
 MAX_SEGMENTS = 64
-# Aim for this many programs per multiprocessor so that memory latency is hidden.
-TARGET_PROGRAMS_PER_SM = 4
+# Aim for this many programs per multiprocessor so that memory latency is hidden; more
+# makes each segment shorter and its fixed costs (and the merge) weigh more.
+TARGET_PROGRAMS_PER_SM = 2
 # Multiprocessor count assumed off-GPU (the interpreter); only the heuristic reads it.
 CPU_FAKE_SM_COUNT = 8
 

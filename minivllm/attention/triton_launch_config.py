@@ -36,7 +36,7 @@ class AttentionLaunchConfig:
     num_stages: int
     num_segments: int  # 1 = no split-KV
     diagonal_split: bool = True  # mask only the tiles on the causal diagonal
-    page_tiles: bool = True  # one block-table load per page (power-of-two block sizes)
+    page_tiles: bool = False  # one block-table load per page (power-of-two block sizes)
     k_transposed: bool = False  # load K as [head, keys] instead of [keys, head]
     longest_first: bool = True  # start the q-blocks with the most keys first
     fused_reduce: bool = True  # split-KV: the last segment merges (no reduce launch)
@@ -55,6 +55,17 @@ DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES = 128, 4, 3
 PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES = 128, 128, 8, 2
 # Above this query length a q-block uses the large prefill tile.
 PREFILL_MIN_QUERY_LEN = 32
+# Batches whose queries average this many tokens or more (whole prefills, long chunks)
+# use twice the rows: each K/V tile then serves twice the queries, which halves the
+# traffic per FLOP (docs/benchmarks/perf2/kernel_variants.json). A decode-heavy mixed
+# batch keeps 128 rows, since most rows of its q-blocks would hold no query.
+PREFILL_LARGE_AVG_QUERY_LEN = 128
+PREFILL_LARGE_BLOCK_M, PREFILL_LARGE_TILE_N, PREFILL_LARGE_WARPS, PREFILL_LARGE_STAGES = (
+    256,
+    64,
+    8,
+    3,
+)
 # Shared memory the K/V pipeline may use: Triton keeps ``num_stages`` copies of a K and a
 # V tile in flight. H100/H200 allow 227 KiB per program; staying at 160 KiB leaves room for
 # Triton's own scratch (and for smaller GPUs).
@@ -96,11 +107,22 @@ def select_config(
     Decode-like batches (short queries) use the smallest row tile the tensor cores
     accept, 16 rows, because only ``group`` rows per sequence carry a real query, with
     longer key tiles from ``DECODE_LARGE_BATCH`` sequences on; long queries use 128-row
-    tiles to reuse each K/V tile across many queries. Split-KV is
+    tiles to reuse each K/V tile across many queries, 256-row ones when every sequence
+    brings a long query (16-bit caches with heads up to 128, where they fit). Split-KV is
     chosen by :func:`choose_num_segments` unless ``num_kv_splits`` forces it.
     """
     group = num_heads // num_kv_heads
-    if max_query_len >= PREFILL_MIN_QUERY_LEN:
+    head_pad = triton.next_power_of_2(head_size)
+    large = (
+        num_tokens >= PREFILL_LARGE_AVG_QUERY_LEN * num_seqs
+        and element_size <= 2
+        and head_pad <= 128
+    )
+    if max_query_len >= PREFILL_MIN_QUERY_LEN and large:
+        block_m = max(PREFILL_LARGE_BLOCK_M, triton.next_power_of_2(group))
+        tile_n, warps = PREFILL_LARGE_TILE_N, PREFILL_LARGE_WARPS
+        stages = PREFILL_LARGE_STAGES
+    elif max_query_len >= PREFILL_MIN_QUERY_LEN:
         block_m = max(PREFILL_BLOCK_M, triton.next_power_of_2(group))
         tile_n, warps, stages = PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES
     elif num_seqs >= DECODE_LARGE_BATCH:
@@ -111,7 +133,7 @@ def select_config(
         tile_n, warps, stages = DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES
     # Large heads or float32 would overflow shared memory with the bf16/d128 tiles tuned
     # above: halve the key tile, then the pipeline depth, until the stages fit.
-    kv_tile_bytes = 2 * triton.next_power_of_2(head_size) * element_size  # K + V, per key
+    kv_tile_bytes = 2 * head_pad * element_size  # K + V, per key
     budget = smem_budget(device)
     while stages * tile_n * kv_tile_bytes > budget and tile_n > 16:
         tile_n //= 2
@@ -139,15 +161,20 @@ def launch_configs(
     device: torch.device,
 ) -> list[AttentionLaunchConfig]:
     """Every configuration :func:`select_config` can return for one model: each tile
-    family (small-batch decode, large-batch decode, prefill) with each split-KV segment
-    count the heuristic can choose for contexts up to ``max_model_len``.
+    family (small-batch decode, large-batch decode, prefill, long prefill) with each
+    split-KV segment count the heuristic can choose for contexts up to ``max_model_len``.
 
     Each is a separate compiled kernel (tiles and segments are ``tl.constexpr``), so the
     engine compiles them all while it starts rather than in the middle of a request.
     """
     # One active program is the emptiest grid, so it gets the most segments.
     most = choose_num_segments(1, max_model_len, num_multiprocessors(device))
-    families = ((1, 1), (1, DECODE_LARGE_BATCH), (PREFILL_MIN_QUERY_LEN, 1))
+    families = (
+        (1, 1),
+        (1, DECODE_LARGE_BATCH),
+        (PREFILL_MIN_QUERY_LEN, 1),
+        (PREFILL_LARGE_AVG_QUERY_LEN, 1),
+    )
     configs = []
     for max_query_len, num_seqs in families:
         for log_segments in range(most.bit_length()):

@@ -169,15 +169,17 @@ def test_split_heuristic() -> None:
     sms = 132
     # Plenty of programs already: never split.
     assert choose_num_segments(64 * 8, 8192, sms) == 1
-    # One long sequence, 8 KV heads: split up to the cap.
-    assert choose_num_segments(8, 32768, sms) == 64
+    # One long sequence, 8 KV heads: about TARGET_PROGRAMS_PER_SM programs per SM.
+    assert choose_num_segments(8, 32768, sms) == 32
+    # Eight sequences: 64 programs already, so fewer segments.
+    assert choose_num_segments(64, 32768, sms) == 4
     # Short context: segments of at least MIN_TOKENS_PER_SEGMENT keys.
     assert choose_num_segments(8, 4 * MIN_TOKENS_PER_SEGMENT, sms) == 4
     assert choose_num_segments(8, MIN_TOKENS_PER_SEGMENT, sms) == 1
     # The automatic choice for the "long_decode" test batch on the CPU really splits.
     config = select_config(num_tokens=1, num_seqs=1, num_heads=4, num_kv_heads=1,
                            max_query_len=1, max_seq_len=1101, device=torch.device("cpu"))
-    assert config.num_segments == 2
+    assert config.num_segments == 16
     # Results are powers of two.
     for active in range(1, sms):
         n = choose_num_segments(active, 1 << 20, sms)
@@ -336,3 +338,22 @@ def test_kernel_variants_match_reference(variant: dict) -> None:
         tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                      b.seq_lens, b.query_start_loc, out, b.scale, config)
         _check_close(out, ref, torch.bfloat16)
+
+
+def test_long_prefills_use_large_tiles_and_match_reference() -> None:
+    """Queries averaging PREFILL_LARGE_AVG_QUERY_LEN tokens get 256-row tiles (the q-block
+    crosses the diagonal mid-tile and a prefix); a decode-heavy batch keeps 128 rows."""
+    b = make_paged_batch([(0, 130), (20, 140)], block_size=16, num_kv_heads=1, group=2,
+                         head_size=64, dtype=torch.bfloat16, device=DEVICE, seed=17)
+    kwargs = dict(num_heads=2, num_kv_heads=1, max_query_len=140, max_seq_len=160,
+                  device=torch.device(DEVICE), head_size=64, element_size=2)
+    config = select_config(num_tokens=270, num_seqs=2, **kwargs)
+    assert config.block_m == tlc.PREFILL_LARGE_BLOCK_M
+    assert select_config(num_tokens=270, num_seqs=130, **kwargs).block_m == tlc.PREFILL_BLOCK_M
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    out = torch.full_like(b.query, float("nan"))
+    tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                 b.seq_lens, b.query_start_loc, out, b.scale, config)
+    _check_close(out, ref, torch.bfloat16)
