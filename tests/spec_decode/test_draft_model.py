@@ -337,3 +337,41 @@ def transformers_model(path: Path, **overrides) -> Path:
     )
     model.save_pretrained(path)
     return path
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_with_cuda_graphs_and_a_profiled_pool() -> None:
+    """On a GPU: the pool is sized by profiling with the draft's weights and bytes per
+    block counted (fewer blocks than without it), the draft's passes replay its CUDA
+    graphs, the demo model drafting for itself keeps every draft, and with the shipped
+    draft the greedy text is the demo model's alone."""
+    from minivllm.demo import demo_draft_path
+
+    path = demo_model_path()
+    prompts = ["In the beginning", "And God said", "The LORD is my shepherd", "Blessed are"]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    # float32: a verification pass scores several tokens of a request at once, and in
+    # bfloat16 its rounding may break a near-tie differently from a one-token step.
+    args = dict(device="cuda", dtype="float32", max_model_len=256, gpu_memory_utilization=0.3)
+    runs, blocks = {}, {}
+    for name, draft in (("off", None), ("self", path), ("draft", demo_draft_path())):
+        spec = None if draft is None else draft_model(draft, 4)
+        llm = LLM(str(path), enforce_eager=False, speculative_config=spec, **args)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs[name] = [o.outputs[0].token_ids for o in outs]
+        blocks[name] = _kv(llm).num_blocks
+        if draft is not None:
+            stats = llm.llm_engine.stats.spec_decoding_stats
+            replays = llm.collective_rpc(_draft_replays)[0]
+            assert replays[DECODE] > 0 and replays[VERIFY] > 0, replays
+            if name == "self":
+                assert 0 < stats.num_accepted_tokens == stats.num_draft_tokens
+            else:
+                assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+        del llm
+        torch.cuda.empty_cache()
+    assert runs["self"] == runs["off"]
+    assert runs["draft"] == runs["off"]
+    # A block id costs the draft's bytes too (the demo drafting itself: twice as many).
+    assert blocks["self"] < blocks["off"] * 0.6
+    assert blocks["draft"] < blocks["off"]
