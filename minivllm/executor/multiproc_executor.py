@@ -216,8 +216,9 @@ class MultiprocExecutor(Executor):
     def _gather(self, method: str) -> tuple[list[Any], RuntimeError | None]:
         """Every rank's answer, and the first rank's error if one failed.
 
-        Raises ``RuntimeError`` itself when a worker died, or when a rank is still
-        silent ``STRAGGLER_TIMEOUT_S`` after another one failed.
+        Raises ``RuntimeError`` itself when a worker died, when a rank's GPU context is
+        broken, or when a rank is still silent ``STRAGGLER_TIMEOUT_S`` after another one
+        failed.
         """
         results: list[Any] = [None] * self.world_size
         pending = dict(zip(self.conns, range(self.world_size)))
@@ -242,6 +243,8 @@ class MultiprocExecutor(Executor):
                     raise self._died(rank, method) from None
                 if reply[0] == "ok":
                     results[rank] = reply[1]
+                elif reply[3]:  # that rank's GPU is unusable: no later call can succeed
+                    raise _rank_error(rank, reply[1], reply[2])
                 elif failed is None:
                     failed = (rank, reply[1], reply[2])
                     deadline = time.monotonic() + STRAGGLER_TIMEOUT_S

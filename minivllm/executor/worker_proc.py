@@ -63,7 +63,7 @@ def worker_main(
             try:
                 replies.put(("ok", getattr(worker, method)(*args, **kwargs)))
             except Exception as exc:
-                replies.put(_error_reply(exc))
+                replies.put(_error_reply(worker, exc))
     finally:
         replies.put(None)
         sender.join(timeout=5.0)
@@ -93,15 +93,37 @@ def _send_replies(worker: Any, conn: Connection, replies: queue.SimpleQueue) -> 
                 output = reply[1].get_output()
                 reply = ("ok", output if worker.rank == 0 else None)
             except Exception as exc:
-                reply = _error_reply(exc)
+                reply = _error_reply(worker, exc)
         try:
             conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             return  # the engine closed its end: nobody reads the answers any more
 
 
-def _error_reply(exc: Exception) -> tuple[str, str, str]:
-    return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+def _error_reply(worker: Any, exc: Exception) -> tuple[str, str, str, bool]:
+    """``("error", "Type: message", traceback, fatal)``; fatal when this rank's GPU can
+    run nothing any more, so the executor stops every worker at once."""
+    summary = f"{type(exc).__name__}: {exc}"
+    fatal = _device_is_broken(worker)
+    if fatal:
+        summary += "; the GPU's context is broken, so this rank cannot run anything any more"
+    return ("error", summary, traceback.format_exc(), fatal)
+
+
+def _device_is_broken(worker: Any) -> bool:
+    """True when this rank's CUDA context is unusable (after a device-side assert or an
+    illegal memory access CUDA fails every later call). Checked only after an error;
+    the in-process counterpart is ``UniProcExecutor.is_failed``."""
+    device = worker.vllm_config.device
+    if device.type != "cuda":
+        return False
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+    except RuntimeError:
+        return True
+    return False
 
 
 def _watch_parent(parent_pid: int) -> None:

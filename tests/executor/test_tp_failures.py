@@ -7,6 +7,8 @@
   waits ``STRAGGLER_TIMEOUT_S`` for the peer, then stops every worker; the engine is
   dead (``EngineDeadError`` naming the rank), and so is every later call.
 * A worker process killed mid-step or while idle: dead, with a clear error, at once.
+* A rank whose GPU context is broken (it would fail every later call): dead at once,
+  naming the rank, even though every rank answered.
 
 The workers are forked, so they inherit the monkeypatches set before the ``LLM`` starts.
 """
@@ -22,7 +24,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.exceptions import EngineDeadError
-from minivllm.executor import multiproc_executor
+from minivllm.executor import multiproc_executor, worker_proc
 from minivllm.worker.worker import Worker
 from tests.tiny_models import make_tiny_model
 
@@ -130,3 +132,24 @@ def test_a_worker_killed_while_idle_is_reported_at_the_next_step(llama_path) -> 
     assert multiprocessing.active_children() == []
     kv = llm.llm_engine.engine_core.engine_core.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks  # generate aborted its requests
+
+
+def test_a_rank_whose_gpu_context_is_broken_makes_the_engine_dead(llama_path, monkeypatch):
+    def fails_after_the_step(self: Worker, msg):
+        output = original(self, msg)
+        if self.rank == 1 and _schedules_marker(msg):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return output
+
+    original = Worker.execute_model
+    monkeypatch.setattr(Worker, "execute_model", fails_after_the_step)
+    # Stands in for a CUDA context that fails every call: the CPU has none to break.
+    monkeypatch.setattr(worker_proc, "_device_is_broken", lambda worker: worker.rank == 1)
+    llm = LLM(str(llama_path), tensor_parallel_size=2, max_model_len=128)
+    workers = _workers(llm)
+    _generate(llm, PROMPTS[:1])  # no error, so nothing asks whether the GPU is broken
+    broken = r"rank 1: RuntimeError: CUDA error.*context is broken"
+    with pytest.raises(EngineDeadError, match=broken):
+        _generate(llm, [MARKER])
+    assert not any(w.is_alive() for w in workers)
+    assert multiprocessing.active_children() == []
