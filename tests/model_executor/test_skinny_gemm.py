@@ -179,3 +179,29 @@ def test_env_switch_keeps_every_layer_on_linear(monkeypatch):
     with CustomOp.force("cuda"):
         layer(torch.randn(1, 16, device=DEVICE))
     assert calls == [] and layer.gemv_max_m == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_pdl_chain_reads_what_the_norm_just_wrote(monkeypatch):
+    """RMSNorm (which lets its dependents launch early) then the GEMV under programmatic
+    dependent launch, captured in a CUDA graph and replayed on new inputs: the GEMV must
+    read the norm's output of *this* replay, never the previous one."""
+    from minivllm.model_executor.layers.triton_layernorm import rms_norm
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs Hopper or newer")
+    monkeypatch.setattr(triton_skinny_gemm, "_PDL_ENV", "1")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
+    norm_w = torch.rand(1024, device="cuda", dtype=torch.bfloat16, generator=gen) + 0.5
+    weight = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
+    skinny_gemm(rms_norm(x, norm_w, 1e-6), weight)  # compile and allocate outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = skinny_gemm(rms_norm(x, norm_w, 1e-6), weight)
+    for _ in range(3):
+        x.copy_(torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=gen))
+        graph.replay()
+        _assert_matches_linear(out, rms_norm(x, norm_w, 1e-6), weight, None)

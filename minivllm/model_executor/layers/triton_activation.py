@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from minivllm.model_executor.custom_op import fake_noop, register_op
+from minivllm.model_executor.layers.triton_skinny_gemm import pdl_enabled
 
 
 @triton.jit
@@ -27,8 +28,13 @@ def silu_and_mul_kernel(
     out_stride,
     d,
     BLOCK: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     """Program ``(token, block)``: ``BLOCK`` outputs of one token's row."""
+    if LAUNCH_DEPENDENTS:
+        # down_proj's GEMV (under programmatic dependent launch) may start now: it only
+        # prefetches its weights until this kernel has finished.
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -46,8 +52,9 @@ def _silu_and_mul_impl(out: torch.Tensor, x: torch.Tensor) -> None:
         return
     block = min(triton.next_power_of_2(d), 1024)
     silu_and_mul_kernel[(num_tokens, triton.cdiv(d, block))](
-        out, x, x.stride(0), out.stride(0), d, BLOCK=block, num_warps=4
-    )
+        out, x, x.stride(0), out.stride(0), d, BLOCK=block,
+        LAUNCH_DEPENDENTS=pdl_enabled(x.device), num_warps=4,
+    )  # fmt: skip
 
 
 register_op("silu_and_mul", "(Tensor(a!) out, Tensor x) -> ()", _silu_and_mul_impl, fake_noop)

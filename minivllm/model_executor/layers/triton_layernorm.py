@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from minivllm.model_executor.custom_op import fake_noop, register_op
+from minivllm.model_executor.layers.triton_skinny_gemm import pdl_enabled
 
 
 @triton.jit
@@ -40,8 +41,13 @@ def rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     """One row: ``out = w * (s / sqrt(mean(s^2) + eps))`` with ``s = x (+ residual)``."""
+    if LAUNCH_DEPENDENTS:
+        # The next kernel (a linear layer's GEMV, under programmatic dependent launch) may
+        # start now: it only prefetches its weights until this kernel has finished.
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)  # int64: rows * stride can exceed 2^31
     x_row = x_ptr + (row // n_inner) * x_stride_outer + (row % n_inner) * x_stride_inner
     cols = tl.arange(0, BLOCK)
@@ -91,6 +97,7 @@ def _launch(out, x, residual, weight, epsilon) -> None:
         epsilon,
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
+        LAUNCH_DEPENDENTS=pdl_enabled(x.device),
         num_warps=num_warps,
     )
 
