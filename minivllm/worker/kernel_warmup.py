@@ -11,8 +11,9 @@ first met during a user's run costs a second or more of compilation right then (
 throughput of a whole benchmark run, measured on the H200). minivllm removes both
 causes: the host-to-device copies keep every tensor 16-byte aligned (see
 ``copy_to_device``), and this warm-up launches each attention configuration the
-heuristics can choose (the layer kernels have one variant each, compiled by the first
-forward pass or graph capture).
+heuristics can choose, and the linear layers' small-M kernel for each layer shape (the
+other layer kernels have one variant each, compiled by the first forward pass or graph
+capture).
 """
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ logger = logging.getLogger(__name__)
 
 
 def kernel_warmup(runner: Any) -> None:
-    """Compile the attention kernel variants ``runner``'s model can launch (Triton on a
-    GPU only: the interpreter and the torch backend compile nothing)."""
+    """Compile the attention kernel variants ``runner``'s model can launch, and the
+    linear layers' small-M kernels (Triton on a GPU only: the interpreter and the torch
+    backend compile nothing)."""
+    if runner.device.type == "cuda":
+        from minivllm.model_executor.layers.linear import warm_up_small_m_kernels
+
+        with torch.inference_mode():
+            warm_up_small_m_kernels(runner.model)
     if runner.attn_backend.name != "triton" or runner.device.type != "cuda":
         return
     from minivllm.attention.backends.triton_attn import warm_up_attention

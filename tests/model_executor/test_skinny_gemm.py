@@ -205,3 +205,23 @@ def test_pdl_chain_reads_what_the_norm_just_wrote(monkeypatch):
         x.copy_(torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=gen))
         graph.replay()
         _assert_matches_linear(out, rms_norm(x, norm_w, 1e-6), weight, None)
+
+
+def test_warm_up_launches_each_layer_shape_at_one_two_and_three_rows(monkeypatch):
+    from torch import nn
+
+    monkeypatch.delenv(GEMV_MAX_M_ENV, raising=False)
+    calls = _count_kernel_calls(monkeypatch)
+    model = nn.Sequential(
+        ColumnParallelLinear(16, 32), RowParallelLinear(32, 16), ColumnParallelLinear(16, 32)
+    ).to(DEVICE)
+    for layer in model:
+        torch.nn.init.normal_(layer.weight)
+    with CustomOp.force("cuda"):
+        assert linear.warm_up_small_m_kernels(model) == 6  # the repeated shape once
+    assert calls == [1, 2, 3] * 2
+    monkeypatch.setenv(GEMV_MAX_M_ENV, "2")
+    with CustomOp.force("cuda"):
+        assert linear.warm_up_small_m_kernels(model) == 4
+    with CustomOp.force("native"):
+        assert linear.warm_up_small_m_kernels(model) == 0

@@ -383,3 +383,37 @@ class RowParallelLinear(LinearBase):
         if self.bias is not None:
             out = out + self.bias
         return out
+
+
+def warm_up_small_m_kernels(model: nn.Module) -> int:
+    """Compile every small-M kernel variant ``model``'s linear layers can launch.
+
+    The launch configuration depends on the row count only through "one or two rows" or
+    "more" (the kernel does not specialise on ``M`` itself), so running each distinct
+    layer shape at 1, 2 and 3 rows compiles them all, before the engine serves and also
+    when it runs without CUDA graphs. Returns the number of launches (0 when the layers
+    do not use the kernel here).
+    """
+    from minivllm.model_executor.layers import triton_skinny_gemm  # Triton is optional
+
+    limit = gemv_max_m()
+    seen: set[tuple] = set()
+    launches = 0
+    for module in model.modules():
+        if not isinstance(module, LinearBase) or limit == 0:
+            continue
+        weight = module.weight
+        if CustomOp.selected_impl(weight.device) != "cuda":
+            continue
+        # A row-parallel layer adds its bias after the all-reduce, not in the kernel.
+        bias = None if isinstance(module, RowParallelLinear) else module.bias
+        key = (tuple(weight.shape), weight.dtype, bias is not None, weight.device)
+        if key in seen:
+            continue
+        seen.add(key)
+        for m in sorted({min(rows, limit) for rows in (1, 2, 3)}):
+            x = torch.zeros(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            triton_skinny_gemm.skinny_gemm(x, weight, bias)
+            launches += 1
+    return launches
+
