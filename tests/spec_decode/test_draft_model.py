@@ -278,6 +278,41 @@ def test_aborts_and_preemption_leak_no_block(case, seed: int, k: int) -> None:
     assert not engine.engine_core.engine_core.scheduler.has_unfinished_requests()
 
 
+def test_engine_core_process_drafts_too() -> None:
+    """The server's path: AsyncLLM with the engine core in its own process gets the draft
+    model's configuration across, loads both models there, and streams the offline
+    greedy tokens."""
+    import asyncio
+
+    from minivllm.demo import demo_draft_path
+    from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.sampling_params import RequestOutputKind
+
+    path, prompt = demo_model_path(), "And God said"
+    args = EngineArgs(
+        str(path), dtype="float32", device="cpu", max_model_len=64,
+        speculative_config=draft_model(demo_draft_path(), 3),
+    )  # fmt: skip
+    engine = AsyncLLM.from_engine_args(args, multiprocess=True)
+    params = SamplingParams(temperature=0.0, max_tokens=24, output_kind=RequestOutputKind.DELTA)
+
+    async def stream() -> list[int]:
+        tokens = []
+        async for out in engine.generate(prompt, params, "r"):
+            tokens.extend(out.outputs[0].token_ids)
+        return tokens
+
+    try:
+        streamed = asyncio.run(stream())
+        stats = engine.scheduler_stats.spec_decoding_stats
+    finally:
+        engine.shutdown()
+    alone = LLM(str(path), dtype="float32", device="cpu", max_model_len=64)
+    expected = alone.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24))
+    assert streamed == expected[0].outputs[0].token_ids
+    assert stats.num_draft_tokens > 0  # the drafts came from the core process's draft
+
+
 # ---- configuration --------------------------------------------------------------------
 
 
