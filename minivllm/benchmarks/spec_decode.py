@@ -230,6 +230,14 @@ def _spec_config(method: str, k: int, args: argparse.Namespace) -> dict[str, Any
     return {"method": "draft_model", "model": args.draft_model, "num_speculative_tokens": k}
 
 
+def _write_atomically(path: Path, result: dict[str, Any]) -> None:
+    """Write the JSON beside ``path`` and move it there: a run stopped by a timeout while
+    writing leaves the previous complete file, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    write_json(tmp, result)
+    tmp.replace(path)
+
+
 def _free_device_memory() -> None:
     """Return the last engine's memory, so the next one's KV pool is sized as alone."""
     import torch
@@ -258,7 +266,7 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
         else:
             bench.run_setting(method, k)
         _free_device_memory()
-        write_json(Path(args.output), bench.result)  # what ran so far survives a failure
+        _write_atomically(Path(args.output), bench.result)  # a stopped run keeps what ran
     if not args.no_plot:
         from minivllm.benchmarks.spec_decode_plot import plot_spec_results
 
@@ -302,10 +310,13 @@ class SpecBench:
             print(f"bench spec: draft model skipped: {self.draft_skipped}", flush=True)
 
     def settings(self) -> list[tuple[str, int]]:
-        """(method, k) in run order: off, n-gram, then the draft model."""
+        """(method, k) in run order: off, n-gram (the throughput k last: its batch-256
+        run is the longest, and a run stopped there keeps every batch-1 figure), then
+        the draft model."""
         args = self.args
-        settings = [("off", 0)] + [("ngram", k) for k in args.ks]
-        if args.num_requests and self.throughput_k not in args.ks:
+        ks = [k for k in args.ks if not (args.num_requests and k == self.throughput_k)]
+        settings = [("off", 0)] + [("ngram", k) for k in ks]
+        if args.num_requests:
             settings.append(("ngram", self.throughput_k))
         if args.draft_model is not None and self.draft_skipped is None:
             settings += [("draft_model", k) for k in args.draft_ks or args.ks]
@@ -352,6 +363,7 @@ class SpecBench:
         else:
             entry["speedup_tpot"] = batch1["off"]["tpot_ms"] / entry["tpot_ms"]
             batch1[method][str(k)] = entry
+            batch1[method] = dict(sorted(batch1[method].items(), key=lambda kv: int(kv[0])))
         entry["identical_to_off"] = _identical(run["outputs"], self.reference)
         _print_batch1(method, entry)
 
