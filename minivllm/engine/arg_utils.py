@@ -240,16 +240,9 @@ class EngineArgs:
     def _resolve_speculative_config(self) -> SpeculativeConfig | None:
         if self.speculative_config is None:
             return None
-        config = SpeculativeConfig.from_dict(self.speculative_config)
-        if self.tensor_parallel_size > 1 and config.method != "ngram":
-            # n-gram drafts travel to every rank in the step message; a draft model
-            # sharded over the ranks is not built or tested.
-            raise ValueError(
-                f"speculative_config with method {config.method!r} needs "
-                f"tensor_parallel_size=1 (got {self.tensor_parallel_size}); n-gram "
-                "speculation works at any tensor_parallel_size"
-            )
-        return config
+        # Any tensor_parallel_size: n-gram drafts reach every rank in the step message,
+        # and each rank runs its shard of a draft model.
+        return SpeculativeConfig.from_dict(self.speculative_config)
 
     def _resolve_async_scheduling(self) -> bool:
         if self.speculative_config is not None:
