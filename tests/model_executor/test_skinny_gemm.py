@@ -171,6 +171,20 @@ def test_small_batches_take_the_kernel_large_ones_cublas(monkeypatch, layer_cls)
     assert calls == [2]  # the torch definition never launches it
 
 
+def test_layers_that_widen_stay_on_cublas_unless_pdl(monkeypatch):
+    monkeypatch.delenv(GEMV_MAX_M_ENV, raising=False)
+    calls = _count_kernel_calls(monkeypatch)
+    wide = ColumnParallelLinear(16, 48).to(DEVICE)
+    torch.nn.init.normal_(wide.weight)
+    with CustomOp.force("cuda"):
+        wide(torch.randn(1, 16, device=DEVICE))
+        assert calls == [] and wide.gemv_max_m == 0
+        monkeypatch.setattr(triton_skinny_gemm, "pdl_enabled", lambda device: True)
+        CustomOp._set_forced("cuda")  # re-bind, as a new process would
+        wide(torch.randn(1, 16, device=DEVICE))
+    assert calls == [1]
+
+
 def test_env_switch_keeps_every_layer_on_linear(monkeypatch):
     monkeypatch.setenv(GEMV_MAX_M_ENV, "0")
     calls = _count_kernel_calls(monkeypatch)
@@ -213,12 +227,15 @@ def test_warm_up_launches_each_layer_shape_at_one_two_and_three_rows(monkeypatch
     monkeypatch.delenv(GEMV_MAX_M_ENV, raising=False)
     calls = _count_kernel_calls(monkeypatch)
     model = nn.Sequential(
-        ColumnParallelLinear(16, 32), RowParallelLinear(32, 16), ColumnParallelLinear(16, 32)
+        ColumnParallelLinear(32, 16),
+        RowParallelLinear(48, 16),
+        ColumnParallelLinear(32, 16),  # a repeated shape
+        ColumnParallelLinear(16, 32),  # widens: stays on cuBLAS
     ).to(DEVICE)
     for layer in model:
         torch.nn.init.normal_(layer.weight)
     with CustomOp.force("cuda"):
-        assert linear.warm_up_small_m_kernels(model) == 6  # the repeated shape once
+        assert linear.warm_up_small_m_kernels(model) == 6
     assert calls == [1, 2, 3] * 2
     monkeypatch.setenv(GEMV_MAX_M_ENV, "2")
     with CustomOp.force("cuda"):

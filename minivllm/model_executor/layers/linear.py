@@ -16,7 +16,8 @@ Every layer is a :class:`~minivllm.model_executor.custom_op.CustomOp`: ``forward
 ``F.linear``; ``forward_cuda`` sends an input of at most ``MINIVLLM_GEMV_MAX_M`` rows (a
 decode step of a small batch) to the Triton kernel of ``triton_skinny_gemm.py``, which
 streams the weight at close to the memory bandwidth where cuBLAS does not, and larger
-inputs to ``F.linear``. A tensor-parallel shard is just a smaller weight to it.
+inputs to ``F.linear``, on the layer shapes where it beats cuBLAS. A tensor-parallel
+shard is just a smaller weight to it.
 
 Unlike upstream, ``forward`` returns one tensor rather than ``(output, bias)``: minivllm
 never defers the bias add into a following fused kernel.
@@ -132,9 +133,16 @@ class LinearBase(CustomOp):
         self.gemv_max_m = 0  # set when forward_cuda is bound (dispatch_forward)
 
     def dispatch_forward(self, device: torch.device) -> Callable[..., Any]:
-        """Bind as :class:`CustomOp` does, reading the small-M kernel's row limit once."""
+        """Bind as :class:`CustomOp` does, and decide once whether this layer's shape goes
+        to the small-M kernel (``gemv_max_m``: its row limit, 0 for never)."""
         impl = super().dispatch_forward(device)
-        self.gemv_max_m = gemv_max_m() if impl == self.forward_cuda else 0
+        self.gemv_max_m = 0
+        if impl == self.forward_cuda:
+            from minivllm.model_executor.layers import triton_skinny_gemm  # Triton is optional
+
+            n, k = self.weight.shape
+            if triton_skinny_gemm.kernel_wins(n, k, device):
+                self.gemv_max_m = gemv_max_m()
         return impl
 
     def forward_native(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -143,8 +151,9 @@ class LinearBase(CustomOp):
 
     def forward_cuda(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """The small-M Triton kernel for inputs of at most ``gemv_max_m`` rows, else
-        ``F.linear``: at a few rows the product is bound by reading the weight, and the
-        kernel reads it faster than cuBLAS does (see ``triton_skinny_gemm.py``)."""
+        ``F.linear``: at a few rows the product is bound by reading the weight, and on the
+        shapes where cuBLAS reads it slowly the kernel reads it faster
+        (see ``triton_skinny_gemm.py``)."""
         if x.numel() <= self.gemv_max_m * x.shape[-1]:
             from minivllm.model_executor.layers import triton_skinny_gemm  # Triton is optional
 
@@ -404,6 +413,8 @@ def warm_up_small_m_kernels(model: nn.Module) -> int:
             continue
         weight = module.weight
         if CustomOp.selected_impl(weight.device) != "cuda":
+            continue
+        if not triton_skinny_gemm.kernel_wins(*weight.shape, weight.device):
             continue
         # A row-parallel layer adds its bias after the all-reduce, not in the kernel.
         bias = None if isinstance(module, RowParallelLinear) else module.bias
