@@ -20,10 +20,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from minivllm.benchmarks.common import environment
+from minivllm.benchmarks.common import environment, make_random_checkpoint
+from minivllm.benchmarks.throughput import DEFAULT_CHECKPOINT
 from minivllm.model_executor.layers.linear import DEFAULT_GEMV_MAX_M, GEMV_MAX_M_ENV
 from minivllm.model_executor.layers.triton_skinny_gemm import PDL_ENV
 
@@ -75,16 +77,33 @@ def main(argv: list[str] | None = None) -> None:
         choices=list(SIDES),
         help="which settings to run; 'off' always runs, first",
     )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=3600.0,
+        help="start no process after this many seconds; cap the last one",
+    )
     parser.add_argument("extra", nargs="*", help="after --: options of minivllm bench latency")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     sides = ["off", *[s for s in args.sides if s != "off"]]
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    deadline = time.monotonic() + args.budget_s
+    extra = list(args.extra)
+    if "--model" not in extra:
+        # Create the random checkpoint here, once, outside every child's time limit (a
+        # child stopped while writing it would leave a broken file for the others).
+        extra = ["--model", str(make_random_checkpoint(Path(DEFAULT_CHECKPOINT))), *extra]
     with tempfile.TemporaryDirectory() as tmp:
         for round_no in range(args.rounds):
             for side in sides:
-                runs[side].append(_run_side(side, Path(tmp), round_no, args.extra, args.timeout_s))
+                left = deadline - time.monotonic()
+                if left < 5:
+                    runs[side].append({"error": f"skipped: --budget-s {args.budget_s} spent"})
+                    continue
+                timeout = min(args.timeout_s, left)
+                runs[side].append(_run_side(side, Path(tmp), round_no, extra, timeout))
     result: dict[str, Any] = {**environment(), "env_switch": GEMV_MAX_M_ENV,
                               "gemv_max_m_on": DEFAULT_GEMV_MAX_M, "runs": runs}  # fmt: skip
     ok = {side: [r for r in runs[side] if "error" not in r] for side in sides}
