@@ -24,40 +24,27 @@ def kv_tile_offsets(
     stride_c_head,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
-    PAGE_TILES: tl.constexpr,
 ):
     """Address translation: keys ``tile_start .. tile_start + TILE_N - 1`` -> element
     offsets in the paged cache (the same for K and V), plus their positions and mask.
 
     Token ``j`` of a sequence lives in physical block ``block_table[seq, j // BLOCK_SIZE]``
-    at row ``j % BLOCK_SIZE``. With ``PAGE_TILES`` (block size a power of two) the tile
-    reads one table entry per page it covers and lays the pages' rows side by side: 8
-    loads for 128 keys in 16-token pages, instead of one per key. Otherwise each key looks
-    up its own entry. Keys at or past ``kv_end`` read block 0, which is never
-    dereferenced because the K/V loads are masked the same way.
+    at row ``j % BLOCK_SIZE``. A tile can span several blocks, so the block table is read
+    as a vector, one entry per key (neighbouring keys hit the same cached entry). Keys at
+    or past ``kv_end`` read block 0, which is never dereferenced because the K/V loads
+    are masked the same way.
     """
     key_pos = tile_start + tl.arange(0, TILE_N)
     key_mask = key_pos < kv_end
-    if PAGE_TILES:
-        # PAGES x ROWS == TILE_N keys; a tile shorter than a page lies inside one page.
-        PAGES: tl.constexpr = TILE_N // BLOCK_SIZE if TILE_N > BLOCK_SIZE else 1
-        ROWS: tl.constexpr = TILE_N // PAGES
-        page = tile_start // BLOCK_SIZE + tl.arange(0, PAGES)
-        physical_block = tl.load(
-            block_table_row_ptr + page, mask=page * BLOCK_SIZE < kv_end, other=0
-        ).to(tl.int64)
-        row = tile_start % BLOCK_SIZE + tl.arange(0, ROWS)
-        offsets = physical_block[:, None] * stride_c_block + row[None, :] * stride_c_slot
-        # The reshape hides from Triton that every offset is a multiple of 16 elements
-        # (the launcher only picks this path when the cache strides are); without the
-        # hint the K/V loads cannot be vectorised, nor prefetched by the pipeliner.
-        offsets = tl.multiple_of(tl.reshape(offsets, [TILE_N]), 16)
-    else:
-        physical_block = tl.load(
-            block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_mask, other=0
-        ).to(tl.int64)
-        offsets = physical_block * stride_c_block + (key_pos % BLOCK_SIZE) * stride_c_slot
-    return offsets + kv_head * stride_c_head, key_pos, key_mask
+    physical_block = tl.load(
+        block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_mask, other=0
+    ).to(tl.int64)
+    offsets = (
+        physical_block * stride_c_block
+        + (key_pos % BLOCK_SIZE) * stride_c_slot
+        + kv_head * stride_c_head
+    )
+    return offsets, key_pos, key_mask
 
 
 @triton.jit
@@ -65,30 +52,22 @@ def load_kv_tile(
     cache_ptr,
     offsets,
     key_mask,
-    TRANSPOSED: tl.constexpr,
     MASKED: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
 ):
-    """One K or V tile: ``[TILE_N, HEAD_PAD]``, or ``[HEAD_PAD, TILE_N]`` if ``TRANSPOSED``.
+    """One K or V tile, ``[TILE_N, HEAD_PAD]``: each key's head vector is one contiguous
+    row of the cache, so every thread loads 16 contiguous bytes.
 
-    A mask costs instructions and can stop the loads from being vectorised, so a tile that
-    lies wholly inside the visible range (``MASKED`` false) with an unpadded head loads
-    without one.
+    A mask costs instructions, so a tile that lies wholly inside the visible range
+    (``MASKED`` false) with an unpadded head loads without one.
     """
     dims = tl.arange(0, HEAD_PAD)
-    if TRANSPOSED:
-        ptrs = cache_ptr + offsets[None, :] + dims[:, None]
-        key_ok = key_mask[None, :]
-        dim_ok = dims[:, None] < HEAD_SIZE
-    else:
-        ptrs = cache_ptr + offsets[:, None] + dims[None, :]
-        key_ok = key_mask[:, None]
-        dim_ok = dims[None, :] < HEAD_SIZE
+    ptrs = cache_ptr + offsets[:, None] + dims[None, :]
     if MASKED:
-        tile = tl.load(ptrs, mask=key_ok & dim_ok, other=0.0)
+        tile = tl.load(ptrs, mask=key_mask[:, None] & (dims[None, :] < HEAD_SIZE), other=0.0)
     elif HEAD_PAD != HEAD_SIZE:
-        tile = tl.load(ptrs, mask=dim_ok, other=0.0)
+        tile = tl.load(ptrs, mask=dims[None, :] < HEAD_SIZE, other=0.0)
     else:
         tile = tl.load(ptrs)
     return tile
@@ -135,8 +114,6 @@ def attend_tile(
     HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
-    PAGE_TILES: tl.constexpr,
-    K_TRANSPOSED: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
@@ -145,7 +122,10 @@ def attend_tile(
 
     ``MASKED`` tiles cross the causal diagonal or the end of the context and need the
     per-element visibility test; every other tile is wholly visible to every row, so its
-    loads and scores go unmasked (most of a long prefill's tiles).
+    loads and scores go unmasked (most of a long prefill's tiles). K is loaded like V,
+    ``[keys, head]``, and transposed inside the dot: Triton then lays the tile out in
+    shared memory as the tensor cores want it (loading it pre-transposed was 1.3x slower
+    on the H200, docs/benchmarks/perf2/kernel_variants.json).
     """
     offsets, key_pos, key_mask = kv_tile_offsets(
         block_table_row_ptr,
@@ -157,20 +137,16 @@ def attend_tile(
         stride_c_head,
         BLOCK_SIZE,
         TILE_N,
-        PAGE_TILES,
     )
-    k = load_kv_tile(k_cache_ptr, offsets, key_mask, K_TRANSPOSED, MASKED, HEAD_SIZE, HEAD_PAD)
-    v = load_kv_tile(v_cache_ptr, offsets, key_mask, False, MASKED, HEAD_SIZE, HEAD_PAD)
+    k = load_kv_tile(k_cache_ptr, offsets, key_mask, MASKED, HEAD_SIZE, HEAD_PAD)
+    v = load_kv_tile(v_cache_ptr, offsets, key_mask, MASKED, HEAD_SIZE, HEAD_PAD)
     if UPCAST_DOT:
         # Only under TRITON_INTERPRET=1: the interpreter multiplies bfloat16 operands as
         # the raw 16-bit integers it stores them in. Widening first is exact (a product
         # of two bf16 values fits in float32, as on the tensor cores).
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    if K_TRANSPOSED:
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION)
-    else:
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         visible = key_mask[None, :] & (key_pos[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))

@@ -24,6 +24,10 @@ import triton.language as tl
 # the merge) than it gains from parallelism: one 64-key tile is the least worth a program
 # (a small decode step is latency-bound, docs/benchmarks/perf2/kernel_variants.json).
 MIN_TOKENS_PER_SEGMENT = 64
+# Segments at least this long merge in their last program (no reduce launch); shorter
+# ones finish together and the separate reduce grid merges them faster
+# (docs/benchmarks/perf2/kernel_variants.json).
+FUSED_MERGE_MIN_TOKENS = 256
 # Upper bound on segments; a power of two because the reduce kernel tiles over them.
 MAX_SEGMENTS = 64
 # Aim for this many programs per multiprocessor so that memory latency is hidden; more

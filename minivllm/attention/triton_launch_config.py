@@ -17,34 +17,25 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from minivllm.attention.triton_decode_split import choose_num_segments, num_multiprocessors
+from minivllm.attention.triton_decode_split import (
+    FUSED_MERGE_MIN_TOKENS,
+    choose_num_segments,
+    num_multiprocessors,
+)
 
 
 @dataclass(frozen=True)
 class AttentionLaunchConfig:
-    """Tile sizes, launch parameters and kernel variant of one unified-kernel launch.
-
-    The flags after ``num_segments`` select code paths inside the kernel
-    (``triton_unified_attention.py``); they exist so that one sweep
-    (``minivllm.benchmarks.kernel_variants``) can measure each idea on its own. The
-    defaults are the measured winners.
-    """
+    """Tile sizes and launch parameters of one ``kernel_unified_attention`` launch."""
 
     block_m: int  # rows per program: BLOCK_Q tokens x group heads
     tile_n: int  # keys per inner-loop iteration
     num_warps: int
     num_stages: int
     num_segments: int  # 1 = no split-KV
-    diagonal_split: bool = True  # mask only the tiles on the causal diagonal
-    page_tiles: bool = False  # one block-table load per page (power-of-two block sizes)
-    k_transposed: bool = False  # load K as [head, keys] instead of [keys, head]
-    longest_first: bool = True  # start the q-blocks with the most keys first
-    fused_reduce: bool = True  # split-KV: the last segment merges (no reduce launch)
-    flat_search: bool = True  # find the sequence with one vector load (small batches)
+    fused_reduce: bool = False  # split-KV: the last segment merges (no reduce launch)
 
 
-# Batches of up to this many sequences find their sequence with one vector load.
-FLAT_SEARCH_WIDTH = 256
 # Tuned on an H200 (see docs/benchmarks/kernel.json and the PagedAttention chapter).
 DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES = 64, 4, 2
 # From this many sequences on, decode uses longer key tiles with a deeper pipeline: with
@@ -113,24 +104,23 @@ def select_config(
     """
     group = num_heads // num_kv_heads
     head_pad = triton.next_power_of_2(head_size)
-    large = (
-        num_tokens >= PREFILL_LARGE_AVG_QUERY_LEN * num_seqs
+    long_queries = (
+        max_query_len >= PREFILL_MIN_QUERY_LEN
+        and num_tokens >= PREFILL_LARGE_AVG_QUERY_LEN * num_seqs
         and element_size <= 2
         and head_pad <= 128
     )
-    if max_query_len >= PREFILL_MIN_QUERY_LEN and large:
-        block_m = max(PREFILL_LARGE_BLOCK_M, triton.next_power_of_2(group))
-        tile_n, warps = PREFILL_LARGE_TILE_N, PREFILL_LARGE_WARPS
-        stages = PREFILL_LARGE_STAGES
-    elif max_query_len >= PREFILL_MIN_QUERY_LEN:
-        block_m = max(PREFILL_BLOCK_M, triton.next_power_of_2(group))
-        tile_n, warps, stages = PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES
-    elif num_seqs >= DECODE_LARGE_BATCH:
-        block_m = max(16, triton.next_power_of_2(group))
-        tile_n, warps, stages = DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES
-    else:
-        block_m = max(16, triton.next_power_of_2(group))
-        tile_n, warps, stages = DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES
+    # 256-row tiles only where they need no split-KV: one family fewer to compile.
+    for large in (True, False) if long_queries else (False,):
+        block_m, tile_n, warps, stages = _family_tiles(max_query_len, num_seqs, large)
+        block_m = max(block_m, triton.next_power_of_2(group))
+        if num_kv_splits is None:
+            active = max(num_seqs, triton.cdiv(num_tokens, block_m // group)) * num_kv_heads
+            segments = choose_num_segments(active, max_seq_len, num_multiprocessors(device))
+        else:
+            segments = num_kv_splits
+        if segments == 1:
+            break
     # Large heads or float32 would overflow shared memory with the bf16/d128 tiles tuned
     # above: halve the key tile, then the pipeline depth, until the stages fit.
     kv_tile_bytes = 2 * head_pad * element_size  # K + V, per key
@@ -139,16 +129,32 @@ def select_config(
         tile_n //= 2
     while stages * tile_n * kv_tile_bytes > budget and stages > 1:
         stages -= 1
-    if num_kv_splits is None:
-        block_q = block_m // group
-        active = max(num_seqs, triton.cdiv(num_tokens, block_q)) * num_kv_heads
-        segments = choose_num_segments(active, max_seq_len, num_multiprocessors(device))
-    else:
-        segments = num_kv_splits
-    # The fused merge runs in one program per q-block, row after row: right for the few
-    # rows of a decode q-block, slower than the separate reduce grid for 128-row tiles.
-    fused = max_query_len < PREFILL_MIN_QUERY_LEN
-    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments, fused_reduce=fused)
+    # The fused merge runs in the last program of each (q-block, KV head), row after row:
+    # it hides behind the other programs when segments are long, but with short ones it
+    # lengthens the critical path more than the separate reduce launch it saves.
+    fused = (
+        segments > 1
+        and max_query_len < PREFILL_MIN_QUERY_LEN
+        and num_seqs < DECODE_LARGE_BATCH
+        and max_seq_len // segments >= FUSED_MERGE_MIN_TOKENS
+    )
+    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments, fused)
+
+
+def _family_tiles(max_query_len: int, num_seqs: int, large: bool) -> tuple[int, int, int, int]:
+    """``(block_m, tile_n, num_warps, num_stages)`` of the batch's tile family."""
+    if max_query_len >= PREFILL_MIN_QUERY_LEN and large:
+        return (
+            PREFILL_LARGE_BLOCK_M,
+            PREFILL_LARGE_TILE_N,
+            PREFILL_LARGE_WARPS,
+            PREFILL_LARGE_STAGES,
+        )
+    if max_query_len >= PREFILL_MIN_QUERY_LEN:
+        return PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES
+    if num_seqs >= DECODE_LARGE_BATCH:
+        return 16, DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES
+    return 16, DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES
 
 
 def launch_configs(
@@ -178,18 +184,20 @@ def launch_configs(
     configs = []
     for max_query_len, num_seqs in families:
         for log_segments in range(most.bit_length()):
-            config = select_config(
-                num_tokens=num_seqs * max_query_len,
-                num_seqs=num_seqs,
-                num_heads=num_heads,
-                num_kv_heads=num_kv_heads,
-                max_query_len=max_query_len,
-                max_seq_len=max_model_len,
-                device=device,
-                num_kv_splits=1 << log_segments,
-                head_size=head_size,
-                element_size=element_size,
-            )
-            if config not in configs:
-                configs.append(config)
+            # The longest and the shortest context: long segments (fused merge), short ones.
+            for max_seq_len in (max_model_len, 1):
+                config = select_config(
+                    num_tokens=num_seqs * max_query_len,
+                    num_seqs=num_seqs,
+                    num_heads=num_heads,
+                    num_kv_heads=num_kv_heads,
+                    max_query_len=max_query_len,
+                    max_seq_len=max_seq_len,
+                    device=device,
+                    num_kv_splits=1 << log_segments,
+                    head_size=head_size,
+                    element_size=element_size,
+                )
+                if config not in configs:
+                    configs.append(config)
     return configs

@@ -8,8 +8,9 @@ through it; in short:
 
 * The batch is one flat run of query tokens; ``query_start_loc`` says where each
   sequence's tokens start. The grid's first axis enumerates *q-blocks* (``BLOCK_Q``
-  consecutive tokens of one sequence) and each program finds its sequence by binary
-  search, so prefills, chunks and single decode tokens share one launch.
+  consecutive tokens of one sequence), longest first, and each program finds its
+  sequence by binary search, so prefills, chunks and single decode tokens share one
+  launch.
 * A tile holds ``BLOCK_M = BLOCK_Q * group`` rows: every query head that shares one KV
   head, for each of the q-block's tokens (GQA packing). One K/V tile load then serves
   the whole group, which is what makes grouped-query decode memory-efficient.
@@ -35,7 +36,7 @@ from minivllm.attention.triton_decode_split import (
     merge_if_last_segment,
     segment_counters,
 )
-from minivllm.attention.triton_launch_config import FLAT_SEARCH_WIDTH, AttentionLaunchConfig
+from minivllm.attention.triton_launch_config import AttentionLaunchConfig
 
 LOG2_E = 1.4426950408889634
 # Triton reads this once at import; the interpreter needs the bf16 dot work-around below.
@@ -43,36 +44,14 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def find_seq_idx(
-    query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr, SEARCH_WIDTH: tl.constexpr
-):
-    """Which sequence owns global q-block ``q_block``.
+def find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """Binary search: which sequence owns global q-block ``q_block``.
 
     Sequence ``s`` owns the q-blocks ``first(s) = query_start_loc[s] // BLOCK_Q + s``
     onwards. ``first`` is strictly increasing in ``s`` (the ``+ s`` reserves one spare
     block per sequence for its ragged end), so the owner is the last ``s`` with
-    ``first(s) <= q_block``. Up to ``SEARCH_WIDTH`` sequences one vector load answers
-    it (count the ``s`` with ``first(s) <= q_block``); a binary search needs ``log2``
-    dependent loads, each a full memory round trip at the start of every program, which a
-    small decode step feels. Larger batches (or ``SEARCH_WIDTH == 0``) bisect.
+    ``first(s) <= q_block``.
     """
-    seq: tl.int32 = 0
-    if SEARCH_WIDTH > 0:
-        if num_seqs <= SEARCH_WIDTH:
-            s = tl.arange(0, SEARCH_WIDTH)
-            in_batch = s < num_seqs
-            first = tl.load(query_start_loc_ptr + s, mask=in_batch, other=0) // BLOCK_Q + s
-            seq = tl.sum(((first <= q_block) & in_batch).to(tl.int32), axis=0) - 1
-        else:
-            seq = bisect_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
-    else:
-        seq = bisect_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
-    return seq
-
-
-@triton.jit
-def bisect_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
-    """Binary search for :func:`find_seq_idx`: the last ``s`` with ``first(s) <= q_block``."""
     lo: tl.int32 = 0
     hi: tl.int32 = num_seqs - 1
     while lo < hi:
@@ -120,30 +99,23 @@ def kernel_unified_attention(
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
-    DIAGONAL_SPLIT: tl.constexpr,
-    PAGE_TILES: tl.constexpr,
-    K_TRANSPOSED: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,
-    SEARCH_WIDTH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
     """Attention of one q-block, for one KV head's query-head group, over one KV segment."""
     # Axis 0 enumerates (q-block, KV head) pairs, KV heads fastest: the programs of one
     # q-block run side by side and read neighbouring cache rows (heads are adjacent in a
-    # page). LONGEST_FIRST walks the q-blocks backwards: in a causal prefill the last
-    # q-blocks see the most keys, and starting them first keeps the final wave short.
+    # page). The q-blocks are walked backwards, longest first: in a causal prefill the
+    # last q-blocks see the most keys, and starting them first keeps the final wave short.
     NUM_KV_HEADS: tl.constexpr = NUM_HEADS // GROUP
     pair = tl.program_id(0)
     kv_head = pair % NUM_KV_HEADS
-    q_block = pair // NUM_KV_HEADS
-    if LONGEST_FIRST:
-        q_block = tl.num_programs(0) // NUM_KV_HEADS - 1 - q_block
+    q_block = tl.num_programs(0) // NUM_KV_HEADS - 1 - pair // NUM_KV_HEADS
     segment = tl.program_id(1)
 
     # -- which sequence, and which of its tokens, this program serves ----------------
-    seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q, SEARCH_WIDTH)
+    seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -178,7 +150,7 @@ def kernel_unified_attention(
     # Keys 0 .. (the q-block's first position) are visible to all of its rows: the tiles
     # wholly below that need no mask. Only the last one or two tiles (the diagonal, and
     # the end of the context) do.
-    num_full = (context_len + local_block * BLOCK_Q + 1) // TILE_N if DIAGONAL_SPLIT else 0
+    num_full = (context_len + local_block * BLOCK_Q + 1) // TILE_N
     tile_mid = tl.maximum(tile_lo, tl.minimum(tile_hi, num_full))
 
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -189,14 +161,14 @@ def kernel_unified_attention(
         acc, m, l = attend_tile(  # noqa: E741
             acc, m, l, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, tile, kv_end,
             kv_head, qk_scale, stride_c_block, stride_c_slot, stride_c_head,
-            HEAD_SIZE, HEAD_PAD, BLOCK_SIZE, TILE_N, PAGE_TILES, K_TRANSPOSED, False,
+            HEAD_SIZE, HEAD_PAD, BLOCK_SIZE, TILE_N, False,
             DOT_PRECISION, UPCAST_DOT,
         )
     for tile in range(tile_mid, tile_hi):
         acc, m, l = attend_tile(  # noqa: E741
             acc, m, l, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, tile, kv_end,
             kv_head, qk_scale, stride_c_block, stride_c_slot, stride_c_head,
-            HEAD_SIZE, HEAD_PAD, BLOCK_SIZE, TILE_N, PAGE_TILES, K_TRANSPOSED, True,
+            HEAD_SIZE, HEAD_PAD, BLOCK_SIZE, TILE_N, True,
             DOT_PRECISION, UPCAST_DOT,
         )
 
@@ -225,15 +197,6 @@ def kernel_unified_attention(
                 q_start, q_len, local_block, kv_head, stride_o_tok, stride_o_head,
                 NUM_HEADS, GROUP, HEAD_SIZE, HEAD_PAD, BLOCK_Q, NUM_SEGMENTS,
             )
-
-
-def _page_tiles_fit(key_cache: torch.Tensor) -> bool:
-    """Whether :func:`kv_tile_offsets` may read the block table once per page: the tile
-    and the page must divide one another (a power-of-two block size), and every cache
-    stride must be a multiple of 16 elements (the alignment it promises Triton)."""
-    block_size = key_cache.shape[1]
-    aligned = all(stride % 16 == 0 for stride in key_cache.stride()[:3])
-    return block_size & (block_size - 1) == 0 and aligned
 
 
 def launch_unified_attention(
@@ -290,12 +253,7 @@ def launch_unified_attention(
         BLOCK_Q=block_q,
         TILE_N=config.tile_n,
         NUM_SEGMENTS=segments,
-        DIAGONAL_SPLIT=config.diagonal_split,
-        PAGE_TILES=config.page_tiles and _page_tiles_fit(key_cache),
-        K_TRANSPOSED=config.k_transposed,
-        LONGEST_FIRST=config.longest_first,
         FUSED_REDUCE=fused,
-        SEARCH_WIDTH=FLAT_SEARCH_WIDTH if config.flat_search else 0,
         # float32 runs in exact IEEE mode (tf32 would cost ~1e-3 relative error).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRETED,

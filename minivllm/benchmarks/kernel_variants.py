@@ -1,20 +1,21 @@
-"""Kernel-variant sweep of the unified attention kernel (GPU only, under 3 minutes).
+"""Launch-configuration sweep of the unified attention kernel (GPU only, under 3 minutes).
 
-``python -m minivllm.benchmarks.kernel_variants --output OUT.json`` measures each idea of
-the second performance round on its own, on the shapes that carry issue 15's targets:
+``python -m minivllm.benchmarks.kernel_variants --output OUT.json`` times, on the shapes
+that carry issue 15's targets:
 
-* prefill (B1 x 8192, B4 x 4096, B4 with a 4096 prefix + 512 new): today's code path,
-  then the causal diagonal split, page-sized block-table loads, longest-first order and
-  the K layout added one at a time (each step keeps the faster value), then a grid of
-  tile shapes on the winning path; TFLOP/s next to causal SDPA on the same keys;
+* prefill (B1 x 8192, B4 x 4096, B4 with a 4096 prefix + 512 new): a grid of tile shapes
+  (rows, keys, warps, stages), TFLOP/s next to causal SDPA on the same keys, and the
+  winner with every sequence's pages in order in memory (what paging costs);
 * decode (B1 and B8 at 512 to 32,768 keys): split-KV segment counts with the separate
-  reduce kernel and with the fused one (the last segment merges), then other key tiles
+  reduce kernel and with the fused merge (the last segment merges), then other key tiles
   around the best count; share of the copy bandwidth next to contiguous SDPA.
 
 Every timed configuration is also checked against SDPA's output on its shape
-(``max_abs_diff``); the run stops adding steps when its time budget is spent, and says
-which it skipped. The defaults in ``triton_unified_attention.py`` come from this file's
-output (docs/benchmarks/perf2/, the PagedAttention chapter).
+(``max_abs_diff``), and the registers, spills and shared memory of each compiled variant
+are recorded; the run stops adding steps when its time budget is spent, and says which
+it skipped. Its first run on the H200 also compared kernel variants that the kernel has
+since dropped or made permanent (docs/benchmarks/perf2/kernel_variants.json, discussed in
+the PagedAttention chapter); ``triton_launch_config.py`` holds the winners.
 """
 
 from __future__ import annotations
@@ -47,26 +48,6 @@ PREFILLS = ((1, 0, 8192), (4, 0, 4096), (4, 4096, 512))  # (batch, prefix, new)
 DECODES = ((1, 32768), (1, 512), (8, 512), (1, 2048), (8, 2048), (1, 8192), (8, 8192))
 SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128)
 MIN_KEYS_PER_SEGMENT = 64  # shorter segments are never worth trying
-# Today's prefill path (before this sweep): every tile masked, one table load per key,
-# K loaded transposed, q-blocks in order.
-PREFILL_BASE = AttentionLaunchConfig(
-    128,
-    128,
-    8,
-    2,
-    1,
-    diagonal_split=False,
-    page_tiles=False,
-    k_transposed=True,
-    longest_first=False,
-)
-# One idea at a time, in this order; each keeps the faster value for the next.
-PREFILL_FLAGS = (
-    ("diagonal_split", True),
-    ("page_tiles", True),
-    ("longest_first", True),
-    ("k_transposed", False),
-)
 # Tile shapes around the first run's winner (256 x 64, 8 warps, 3 stages, which spills a
 # few registers); 256 x 32 and 16 warps do not spill (Triton 3.6, sm_90).
 PREFILL_TILES = (  # block_m, tile_n, warps, stages
@@ -294,25 +275,17 @@ def sweep_prefill(sweep: Sweep, timer: Timer) -> None:
         )
         return score
 
-    best, best_score = PREFILL_BASE, measure(PREFILL_BASE, "base")
-    for flag, value in PREFILL_FLAGS:
-        if sweep.over(f"prefill {flag}"):
+    best, best_score = None, float("inf")
+    for tiles in PREFILL_TILES:
+        if sweep.over(f"prefill tiles {tiles}"):
             return
-        cfg = replace(best, **{flag: value})
-        score = measure(cfg, f"{flag}={value}")
-        if score < best_score:
-            best, best_score = cfg, score
-    sweep.results["prefill_best_flags"] = asdict(best)
-    for block_m, tile_n, warps, stages in PREFILL_TILES:
-        if sweep.over(f"prefill tiles {block_m}/{tile_n}/{warps}/{stages}"):
-            return
-        cfg = replace(best, block_m=block_m, tile_n=tile_n, num_warps=warps, num_stages=stages)
+        cfg = AttentionLaunchConfig(*tiles, num_segments=1)
         score = measure(cfg, "tiles")
         if score < best_score:
             best, best_score = cfg, score
-    sweep.results["prefill_best"] = asdict(best)
-    if sweep.over("prefill probes"):
+    if best is None or sweep.over("prefill probes"):
         return
+    sweep.results["prefill_best"] = asdict(best)
     # Probes of the winner: without software pipelining (does the K/V prefetch work?),
     # and with every sequence's pages in order in memory (what does paging cost?).
     measure(replace(best, num_stages=1), "probe: num_stages=1")
@@ -359,43 +332,34 @@ def sweep_decode(sweep: Sweep, timer: Timer, copy_bw: float) -> None:
         configs = [
             replace(DECODE_BASE, num_segments=s, fused_reduce=f)
             for s in segments
-            for f in ((False, True) if s > 1 else (True,))
+            for f in ((False, True) if s > 1 else (False,))
         ]
         shape_rows = [_decode_row(case, cfg, timer, copy_bw, sdpa_ms) for cfg in configs]
         # Other key tiles only around the best segment count (each count compiles anew).
-        timed = [r for r in shape_rows if "ms" in r and r["config"]["fused_reduce"]]
+        timed = [r for r in shape_rows if "ms" in r]
         if not timed:  # every configuration failed on this shape: keep the errors
             rows += shape_rows
             continue
-        fused = min(timed, key=lambda r: r["ms"])["config"]["num_segments"]
+        lead = min(timed, key=lambda r: r["ms"])["config"]
         shape_rows += [
             _decode_row(
                 case,
-                replace(DECODE_BASE, tile_n=t, num_warps=w, num_stages=st, num_segments=s),
+                replace(
+                    DECODE_BASE,
+                    tile_n=t,
+                    num_warps=w,
+                    num_stages=st,
+                    num_segments=s,
+                    fused_reduce=lead["fused_reduce"] and s > 1,
+                ),
                 timer,
                 copy_bw,
                 sdpa_ms,
             )
             for t, w, st in DECODE_TILES
             for s in segments
-            if fused // 2 <= s <= fused * 2
+            if lead["num_segments"] // 2 <= s <= lead["num_segments"] * 2
         ]
-        # The previous code path (per-key table loads, K transposed, every tile masked,
-        # binary search), and the binary search alone.
-        old = replace(
-            DECODE_BASE,
-            num_segments=fused,
-            diagonal_split=False,
-            page_tiles=False,
-            k_transposed=True,
-            longest_first=False,
-            flat_search=False,
-        )
-        shape_rows.append(_decode_row(case, old, timer, copy_bw, sdpa_ms))
-        bisect = replace(DECODE_BASE, num_segments=fused, flat_search=False)
-        shape_rows.append(_decode_row(case, bisect, timer, copy_bw, sdpa_ms))
-        pages = replace(DECODE_BASE, num_segments=fused, page_tiles=True)
-        shape_rows.append(_decode_row(case, pages, timer, copy_bw, sdpa_ms))
         rows += shape_rows
         best = min((r for r in shape_rows if "ms" in r), key=lambda r: r["ms"])
         c = best["config"]

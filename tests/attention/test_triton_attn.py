@@ -310,46 +310,52 @@ def test_warm_up_covers_every_config_select_config_returns(heads: tuple) -> None
         assert config in configs, (num_tokens, num_seqs, max_query_len, max_seq_len, config)
 
 
-# Each kernel variant of AttentionLaunchConfig, away from the defaults one flag at a time,
-# on a ragged batch with every kind of row: prefill tiles cross the causal diagonal in
-# the middle of a key tile, blocks of 8 make two pages per tile, and split-KV runs both
-# the fused and the separate merge.
-VARIANTS = [
-    dict(diagonal_split=False),
-    dict(page_tiles=False),
-    dict(k_transposed=True),
-    dict(longest_first=False),
-    dict(fused_reduce=False),
-    dict(flat_search=False),
-]
-
-
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: next(iter(v)))
-def test_kernel_variants_match_reference(variant: dict) -> None:
-    # The defaults run in every test above, with blocks of 8, 16 and 32.
-    b = make_paged_batch([(45, 1), (0, 37), (21, 19)], block_size=8, num_kv_heads=1,
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "reduce-kernel"])
+def test_both_split_kv_merges_match_reference(fused: bool) -> None:
+    """Split-KV merged by the last segment (atomic tickets) and by the reduce kernel, on a
+    ragged batch with every kind of row (decode-sized tiles, so chunks span q-blocks)."""
+    b = make_paged_batch([(45, 1), (0, 7), (21, 19)], block_size=8, num_kv_heads=1,
                          group=2, head_size=64, dtype=torch.bfloat16, device=DEVICE, seed=13)
     _write_cache_both_ways(b)
     ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                     b.seq_lens, b.query_start_loc, b.scale)
-    for config in (tlc.AttentionLaunchConfig(32, 16, 4, 2, 1, **variant),
-                   tlc.AttentionLaunchConfig(16, 16, 4, 2, 2, **variant)):
+    for _ in range(2):  # the second launch finds the tickets reset by the first
         out = torch.full_like(b.query, float("nan"))
         tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
-                                     b.seq_lens, b.query_start_loc, out, b.scale, config)
+                                     b.seq_lens, b.query_start_loc, out, b.scale,
+                                     tlc.AttentionLaunchConfig(16, 16, 4, 2, 4, fused))
         _check_close(out, ref, torch.bfloat16)
 
 
+def test_fused_merge_only_for_long_decode_segments() -> None:
+    # One KV head: a single sequence leaves the grid nearly empty, so it always splits.
+    kwargs = dict(num_heads=2, num_kv_heads=1, device=torch.device(DEVICE))
+    long = select_config(num_tokens=1, num_seqs=1, max_query_len=1, max_seq_len=32768,
+                         **kwargs)
+    short = select_config(num_tokens=1, num_seqs=1, max_query_len=1, max_seq_len=512,
+                          **kwargs)
+    prefill = select_config(num_tokens=64, num_seqs=1, max_query_len=64, max_seq_len=32768,
+                            **kwargs)
+    assert long.num_segments > 1 and long.fused_reduce
+    assert short.num_segments > 1 and not short.fused_reduce
+    assert prefill.num_segments > 1 and not prefill.fused_reduce
+
+
 def test_long_prefills_use_large_tiles_and_match_reference() -> None:
-    """Queries averaging PREFILL_LARGE_AVG_QUERY_LEN tokens get 256-row tiles (the q-block
-    crosses the diagonal mid-tile and a prefix); a decode-heavy batch keeps 128 rows."""
+    """Queries averaging PREFILL_LARGE_AVG_QUERY_LEN tokens get 256-row tiles (exact on
+    q-blocks that cross the diagonal mid-tile, over a prefix); a decode-heavy batch, or
+    one that splits, keeps 128 rows."""
     b = make_paged_batch([(0, 130), (20, 140)], block_size=16, num_kv_heads=1, group=2,
                          head_size=64, dtype=torch.bfloat16, device=DEVICE, seed=17)
     kwargs = dict(num_heads=2, num_kv_heads=1, max_query_len=140, max_seq_len=160,
                   device=torch.device(DEVICE), head_size=64, element_size=2)
-    config = select_config(num_tokens=270, num_seqs=2, **kwargs)
+    config = select_config(num_tokens=270, num_seqs=2, num_kv_splits=1, **kwargs)
     assert config.block_m == tlc.PREFILL_LARGE_BLOCK_M
-    assert select_config(num_tokens=270, num_seqs=130, **kwargs).block_m == tlc.PREFILL_BLOCK_M
+    assert select_config(num_tokens=270, num_seqs=130, num_kv_splits=1,
+                         **kwargs).block_m == tlc.PREFILL_BLOCK_M
+    # A grid that split-KV would fill gets the 128-row family instead (no 256-row splits).
+    assert select_config(num_tokens=270, num_seqs=2, num_kv_splits=2,
+                         **kwargs).block_m == tlc.PREFILL_BLOCK_M
     _write_cache_both_ways(b)
     ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                     b.seq_lens, b.query_start_loc, b.scale)
