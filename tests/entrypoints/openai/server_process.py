@@ -8,6 +8,7 @@ even when the test failed or timed out.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -30,6 +31,11 @@ ENGINE_ARGS = {
     "max_model_len": 256,
     "seed": 0,
 }
+# The shared server's flags (conftest.py's ``shared_server``): a key, so the
+# authentication tests can share it too, and a short model name.
+API_KEY = "sk-minivllm-test"
+SERVED_MODEL_NAME = "demo"
+SHARED_SERVER_ARGS = ["--api-key", API_KEY, "--served-model-name", SERVED_MODEL_NAME]
 
 
 def free_port() -> int:
@@ -62,6 +68,18 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+# Loaded here, not in the child: between fork and exec only the call itself is safe.
+_PRCTL = getattr(ctypes.CDLL(None), "prctl", None) if sys.platform == "linux" else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: SIGTERM it when the test process dies, even
+    killed outright (no fixture teardown then), so no server outlives its test run."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class RemoteOpenAIServer:
     """``minivllm serve`` on the demo model at a free port on 127.0.0.1.
 
@@ -83,7 +101,12 @@ class RemoteOpenAIServer:
         )
         env = dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1")
         self.proc = subprocess.Popen(
-            args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            args,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            preexec_fn=_die_with_parent,
         )
         try:
             self._wait_for_health(timeout_s)

@@ -1,8 +1,9 @@
 """``minivllm serve`` end to end: the official ``openai`` client against a live server.
 
-One server on the demo model serves most tests (module-scoped); its outputs are
-compared with ``LLM.generate`` / ``LLM.chat`` run in this process with the same engine
-arguments. The engine-kill and shutdown tests start short-lived servers of their own.
+The package's shared server (conftest.py) serves most tests; its outputs are compared
+with ``LLM.generate`` / ``LLM.chat`` run in this process with the same engine arguments.
+The engine-kill test starts a short-lived server of its own; the Ctrl-C test stops the
+shared one, after every other test of the package.
 """
 
 from __future__ import annotations
@@ -22,21 +23,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from minivllm import LLM, SamplingParams
 from minivllm.demo import demo_model_path
 from tests.entrypoints.openai.server_process import (
+    API_KEY,
     ENGINE_ARGS,
     RemoteOpenAIServer,
     pid_alive,
 )
+from tests.entrypoints.openai.server_process import SERVED_MODEL_NAME as MODEL
 
-API_KEY = "sk-minivllm-test"
-MODEL = "demo"
 PROMPTS = ["In the beginning", "And God said", "Love is", "The LORD is my shepherd"]
 CHAT = [{"role": "user", "content": "Who made the heaven and the earth?"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    with RemoteOpenAIServer(["--api-key", API_KEY, "--served-model-name", MODEL]) as srv:
-        yield srv
+def server(shared_server):
+    return shared_server  # --api-key API_KEY --served-model-name MODEL
 
 
 @pytest.fixture(scope="module")
@@ -378,8 +378,9 @@ def test_dead_engine_core_is_a_500_and_health_503() -> None:
         srv.proc.wait(30)
 
 
+@pytest.mark.stops_shared_server
 def test_sigint_stops_server_and_engine_core(server) -> None:
-    """Last in the module: it stops the shared server (as Ctrl-C in a terminal would)."""
+    """Last in the package: it stops the shared server (as Ctrl-C in a terminal would)."""
     core = server.engine_core_pid()
     server.proc.send_signal(signal.SIGINT)
     assert server.proc.wait(30) == 0

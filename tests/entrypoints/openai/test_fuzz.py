@@ -1,6 +1,7 @@
 """The HTTP API fuzzed from its own OpenAPI schema (schemathesis, on hypothesis).
 
-A real ``minivllm serve`` on the demo model; every operation of ``/openapi.json`` gets
+The package's shared ``minivllm serve`` on the demo model (conftest.py; its API key goes
+with every request, so each reaches validation); every operation of ``/openapi.json`` gets
 requests the schema allows (positive) and requests it refuses (negative: a wrong type,
 a missing field, a value out of the schema's bounds, a body that is not JSON...).
 Each response must be:
@@ -39,8 +40,9 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from tests.entrypoints.openai.server_process import RemoteOpenAIServer  # noqa: E402
+from tests.entrypoints.openai.server_process import API_KEY  # noqa: E402
 
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 # Bounds that keep each request cheap; what they cap is still checked by the server
 # (max_tokens is capped by the room left in the context, n by SamplingParams).
 MAX_TOKENS = 3
@@ -56,9 +58,8 @@ CHECKS = [
 
 
 @pytest.fixture(scope="module")
-def server():
-    with RemoteOpenAIServer() as srv:
-        yield srv
+def server(shared_server):
+    return shared_server
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,7 @@ def _fuzz(server: Any, schema: Any, mode: GenerationMode) -> None:
             if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):
                 case.body.pop("model", None)  # omitted: the served model, so it runs
             _cheap(case.body)
-            response = case.call(base_url=server.url, timeout=60)
+            response = case.call(base_url=server.url, headers=AUTH, timeout=60)
             case.validate_response(response, checks=CHECKS)
             try:
                 check_error_object(response)
@@ -171,12 +172,14 @@ def test_odd_inputs_are_refused_cleanly(server, body: Any, param: str, words: st
     r = httpx.post(
         server.url + "/v1/completions",
         content=content,
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **AUTH},
         timeout=60,
     )
     assert r.status_code == 400, r.text
     check_error_object(r)
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"], error
-    ok = httpx.post(server.url + "/v1/completions", json={"prompt": "p", "max_tokens": 1})
+    ok = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "p", "max_tokens": 1}, headers=AUTH
+    )
     assert ok.status_code == 200
