@@ -33,6 +33,17 @@ PREEMPTING = dict(block_size=8, num_kv_blocks=MAX_MODEL_LEN // 8 + 2, max_num_ba
 REPEATS = [[7, 8, 9, 10, 11] * 4, [42, 43] * 8]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one intra-op thread is faster, and far faster on a shared machine
+    where a second thread waits for a core (this module took minutes instead of seconds
+    on a loaded 2-core box)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make_target_and_draft(root: Path, damp: float = 0.3) -> tuple[Path, Path]:
     """A two-layer target whose second layer adds ``damp`` times its usual output, and
     a one-layer draft holding the target's own embeddings, first layer and head."""
@@ -278,11 +289,13 @@ def test_aborts_and_preemption_leak_no_block(case, seed: int, k: int) -> None:
     assert not engine.engine_core.engine_core.scheduler.has_unfinished_requests()
 
 
-def test_engine_core_process_drafts_too() -> None:
+def test_engine_core_process_drafts_too(monkeypatch) -> None:
     """The server's path: AsyncLLM with the engine core in its own process gets the draft
     model's configuration across, loads both models there, and streams the offline
     greedy tokens."""
     import asyncio
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the core process: one thread, as here
 
     from minivllm.demo import demo_draft_path
     from minivllm.engine.async_llm import AsyncLLM
