@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from minivllm.model_executor.custom_op import NATIVE_OPS_ENV, CustomOp
 from minivllm.model_executor.layers import linear, triton_skinny_gemm
+from minivllm.model_executor.layers.activation import SiluAndMul
 from minivllm.model_executor.layers.linear import (
     GEMV_MAX_M_ENV,
     ColumnParallelLinear,
@@ -95,6 +96,43 @@ def test_skinny_gemm_takes_any_leading_shape_and_strided_rows():
     assert skinny_gemm(x[:0], w).shape == (0, 3, 24)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_kernel_equals_silu_and_mul_then_linear(dtype):
+    """SiLU-and-mul fused into the loads rounds exactly where SiluAndMul does."""
+    gen = torch.Generator().manual_seed(4)
+    gate_up = torch.randn(3, 1, 160, generator=gen).to(DEVICE, dtype)  # [gate | up]
+    w = (torch.randn(24, 80, generator=gen) / 9).to(DEVICE, dtype)
+    with CustomOp.force("native"):
+        activated = SiluAndMul()(gate_up)
+    out = skinny_gemm(gate_up, w, gated=True)
+    assert out.shape == (3, 1, 24)
+    _assert_matches_linear(out.view(3, 24), activated.view(3, 80), w, None)
+    with pytest.raises(ValueError, match="weight expects 160"):
+        skinny_gemm(gate_up[..., :80], w, gated=True)
+
+
+def test_down_proj_fuses_the_activation_only_into_the_kernel(monkeypatch):
+    """RowParallelLinear(x, act=SiluAndMul()) equals the unfused layer; at few rows the
+    kernel gets [gate | up] itself, at many rows SiluAndMul runs first."""
+    monkeypatch.delenv(GEMV_MAX_M_ENV, raising=False)
+    calls = _count_kernel_calls(monkeypatch)
+    down = RowParallelLinear(40, 24, bias=True).to(DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        down.weight.copy_(torch.randn(24, 40, generator=gen) / 6)
+        down.bias.copy_(torch.randn(24, generator=gen))
+    act = SiluAndMul()
+    for rows in (2, linear.DEFAULT_GEMV_MAX_M + 1):
+        gate_up = torch.randn(rows, 80, generator=gen).to(DEVICE)
+        with CustomOp.force("native"):
+            expected = down(act(gate_up))
+            assert torch.equal(down(gate_up, act=act), expected)
+        with CustomOp.force("cuda"):
+            fused = down(gate_up, act=act)
+        torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
+    assert calls == [2]
+
+
 def test_skinny_gemm_refuses_mismatched_shapes():
     w = torch.randn(24, 40, device=DEVICE)
     with pytest.raises(ValueError, match="x's last dimension is 32, weight expects 40"):
@@ -137,9 +175,9 @@ def _count_kernel_calls(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = triton_skinny_gemm.skinny_gemm
 
-    def counting(x, weight, bias=None):
+    def counting(x, weight, bias=None, gated=False):
         calls.append(x.numel() // x.shape[-1])
-        return real(x, weight, bias)
+        return real(x, weight, bias, gated)
 
     monkeypatch.setattr(triton_skinny_gemm, "skinny_gemm", counting)
     return calls
@@ -235,10 +273,10 @@ def test_warm_up_launches_each_layer_shape_at_one_two_and_three_rows(monkeypatch
     for layer in model:
         torch.nn.init.normal_(layer.weight)
     with CustomOp.force("cuda"):
-        assert linear.warm_up_small_m_kernels(model) == 6
-    assert calls == [1, 2, 3] * 2
+        assert linear.warm_up_small_m_kernels(model) == 9  # the row-parallel one gated too
+    assert calls == [1, 2, 3] * 3
     monkeypatch.setenv(GEMV_MAX_M_ENV, "2")
     with CustomOp.force("cuda"):
-        assert linear.warm_up_small_m_kernels(model) == 4
+        assert linear.warm_up_small_m_kernels(model) == 6
     with CustomOp.force("native"):
         assert linear.warm_up_small_m_kernels(model) == 0

@@ -42,6 +42,7 @@ from minivllm.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
 )
 from minivllm.model_executor.custom_op import CustomOp
+from minivllm.model_executor.layers.activation import SiluAndMul
 from minivllm.model_executor.weight_utils import check_shape
 
 #: Environment switch: the most rows (tokens) an input may have to use the small-M kernel;
@@ -145,20 +146,27 @@ class LinearBase(CustomOp):
                 self.gemv_max_m = gemv_max_m()
         return impl
 
-    def forward_native(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ weight^T (+ bias)`` with ``F.linear``."""
-        return F.linear(x, self.weight, bias)
+    def forward_native(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, act: nn.Module | None = None
+    ) -> torch.Tensor:
+        """``act(x) @ weight^T (+ bias)`` with ``F.linear`` (``act``: none, or SwiGLU's
+        :class:`~minivllm.model_executor.layers.activation.SiluAndMul`)."""
+        return F.linear(x if act is None else act(x), self.weight, bias)
 
-    def forward_cuda(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_cuda(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, act: nn.Module | None = None
+    ) -> torch.Tensor:
         """The small-M Triton kernel for inputs of at most ``gemv_max_m`` rows, else
         ``F.linear``: at a few rows the product is bound by reading the weight, and on the
         shapes where cuBLAS reads it slowly the kernel reads it faster
-        (see ``triton_skinny_gemm.py``)."""
+        (see ``triton_skinny_gemm.py``). The kernel also applies SiLU-and-mul as it loads
+        ``x``, which saves that layer's kernel launch and its round trip through memory."""
         if x.numel() <= self.gemv_max_m * x.shape[-1]:
             from minivllm.model_executor.layers import triton_skinny_gemm  # Triton is optional
 
-            return triton_skinny_gemm.skinny_gemm(x, self.weight, bias)
-        return F.linear(x, self.weight, bias)
+            if act is None or isinstance(act, SiluAndMul):
+                return triton_skinny_gemm.skinny_gemm(x, self.weight, bias, act is not None)
+        return F.linear(x if act is None else act(x), self.weight, bias)
 
     def param_name(self, param: torch.Tensor) -> str:
         """Full dotted name of ``param`` (``weight`` or ``bias``) for error messages."""
@@ -386,9 +394,10 @@ class RowParallelLinear(LinearBase):
             self.tp_rank * shard,
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Partial product, all-reduced over ranks, plus bias."""
-        out = tensor_model_parallel_all_reduce(super().forward(x))
+    def forward(self, x: torch.Tensor, act: nn.Module | None = None) -> torch.Tensor:
+        """Partial product of ``act(x)`` (``act`` optional, see ``forward_cuda``),
+        all-reduced over ranks, plus bias."""
+        out = tensor_model_parallel_all_reduce(super().forward(x, None, act))
         if self.bias is not None:
             out = out + self.bias
         return out
@@ -399,7 +408,8 @@ def warm_up_small_m_kernels(model: nn.Module) -> int:
 
     The launch configuration depends on the row count only through "one or two rows" or
     "more" (the kernel does not specialise on ``M`` itself), so running each distinct
-    layer shape at 1, 2 and 3 rows compiles them all, before the engine serves and also
+    layer shape at 1, 2 and 3 rows (row-parallel ones also with SiLU-and-mul fused)
+    compiles them all, before the engine serves and also
     when it runs without CUDA graphs. Returns the number of launches (0 when the layers
     do not use the kernel here).
     """
@@ -422,9 +432,12 @@ def warm_up_small_m_kernels(model: nn.Module) -> int:
         if key in seen:
             continue
         seen.add(key)
-        for m in sorted({min(rows, limit) for rows in (1, 2, 3)}):
-            x = torch.zeros(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
-            triton_skinny_gemm.skinny_gemm(x, weight, bias)
-            launches += 1
+        # A row-parallel layer may also be down_proj, which fuses SiLU-and-mul (gated).
+        for gated in (False, True) if isinstance(module, RowParallelLinear) else (False,):
+            for m in sorted({min(rows, limit) for rows in (1, 2, 3)}):
+                width = weight.shape[1] * (2 if gated else 1)
+                x = torch.zeros(m, width, dtype=weight.dtype, device=weight.device)
+                triton_skinny_gemm.skinny_gemm(x, weight, bias, gated)
+                launches += 1
     return launches
 

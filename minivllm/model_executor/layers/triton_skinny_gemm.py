@@ -115,6 +115,17 @@ def _prefetch_weights(w_ptr, cols, stride_wn, N, K, k_start, k_per_split):
         )
 
 
+@triton.jit
+def _silu_and_mul_tile(x_rows, ks, K, mask, dtype: tl.constexpr):
+    """Columns ``ks`` of ``silu(gate) * up`` for rows ``[gate | up]`` of width ``2 K``,
+    rounded exactly as ``silu_and_mul_kernel`` rounds them (silu in float32, rounded to
+    the model dtype, then the product rounded again)."""
+    gate = tl.load(x_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_rows + K + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    return (silu * up).to(dtype)
+
+
 @triton.jit(do_not_specialize=["M"])
 def skinny_gemm_kernel(
     x_ptr,
@@ -140,6 +151,7 @@ def skinny_gemm_kernel(
     DOT_PRECISION: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     """Program ``(n, s)``: output columns ``n * BLOCK_N ...`` from K-slice ``s``.
 
@@ -168,7 +180,11 @@ def skinny_gemm_kernel(
         ks = k_start + k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x_mask = row_ok[:, None] & k_ok[None, :]
+        if GATED:
+            x = _silu_and_mul_tile(x_rows, ks, K, x_mask, x_ptr.dtype.element_ty)
+        else:
+            x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0)
         if USE_DOT:
             if INTERPRETED:
                 # The interpreter multiplies bf16 operands as their raw 16-bit integers;
@@ -276,12 +292,16 @@ def launch_skinny_gemm(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     config: GemvConfig,
+    gated: bool = False,
 ) -> None:
     """Launch the kernel with ``config``: ``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)``.
 
-    ``x``, ``weight`` and ``out`` must have unit stride along their last dimension.
+    With ``gated``, ``x`` is ``[M, 2K]`` = ``[gate | up]`` and the product is taken with
+    ``silu(gate) * up``. ``x``, ``weight`` and ``out`` must have unit stride along their
+    last dimension.
     """
-    m, k = x.shape
+    m = x.shape[0]
+    k = weight.shape[1]
     n = weight.shape[0]
     split = config.split_k
     tiles = triton.cdiv(n, config.block_n)
@@ -305,6 +325,7 @@ def launch_skinny_gemm(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PREFETCH=(config.prefetch or config.pdl) and not _INTERPRETED,  # PTX, GPU only
         PDL=config.pdl and not _INTERPRETED,
+        GATED=gated,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **({"launch_pdl": True} if config.pdl and not _INTERPRETED else {}),
@@ -312,41 +333,50 @@ def launch_skinny_gemm(
 
 
 def _skinny_gemm_impl(
-    out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gated: bool,
 ) -> None:
-    m, k = x.shape
-    if m == 0 or out.shape[1] == 0:
+    m, (n, k) = x.shape[0], weight.shape
+    if m == 0 or n == 0:
         return
-    config = default_config(m, weight.shape[0], k, pdl=pdl_enabled(x.device))
-    launch_skinny_gemm(out, x, weight, bias, config)
+    config = default_config(m, n, k, pdl=pdl_enabled(x.device))
+    launch_skinny_gemm(out, x, weight, bias, config, gated)
 
 
 register_op(
     "skinny_gemm",
-    "(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias) -> ()",
+    "(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool gated) -> ()",
     _skinny_gemm_impl,
     fake_noop,
 )
 
 
 def skinny_gemm(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for an ``x`` of few rows, as one Triton kernel.
 
     Args:
-        x: ``[..., K]`` activations.
+        x: ``[..., K]`` activations; with ``gated``, ``[..., 2K]`` holding ``[gate | up]``.
         weight: ``[N, K]``, unit stride along ``K`` (as ``nn.Linear`` stores it).
         bias: Optional ``[N]``.
+        gated: Multiply by ``silu(gate) * up`` (SwiGLU's SiLU-and-mul, fused into the
+            loads) instead of by ``x`` itself.
     """
     if weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError(f"weight must be [N, K] with unit stride along K, got {weight.shape}")
-    k = weight.shape[1]
-    if x.shape[-1] != k:
-        raise ValueError(f"x's last dimension is {x.shape[-1]}, weight expects {k}")
-    rows = x.reshape(-1, k)
+    width = weight.shape[1] * (2 if gated else 1)
+    if x.shape[-1] != width:
+        raise ValueError(f"x's last dimension is {x.shape[-1]}, weight expects {width}")
+    rows = x.reshape(-1, width)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     out = torch.empty((rows.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-    torch.ops.minivllm.skinny_gemm(out, rows, weight, bias)
+    torch.ops.minivllm.skinny_gemm(out, rows, weight, bias, gated)
     return out.view(*x.shape[:-1], weight.shape[0])
