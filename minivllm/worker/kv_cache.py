@@ -60,6 +60,11 @@ def kv_spec_for(model_config: ModelConfig, block_size: int, tp_size: int = 1) ->
     )
 
 
+def block_bytes(spec: KVCacheSpec, draft: KVCacheSpec | None = None) -> int:
+    """Bytes one block id costs: the model's cache, plus a draft model's if any."""
+    return spec.block_bytes_all_layers + (draft.block_bytes_all_layers if draft else 0)
+
+
 def num_blocks_from_memory(
     spec: KVCacheSpec, available_bytes: int, draft: KVCacheSpec | None = None
 ) -> int:
@@ -70,8 +75,7 @@ def num_blocks_from_memory(
     """
     if draft is None:
         return get_num_blocks(available_bytes, spec.page_size_bytes, spec.num_layers)
-    per_block = spec.block_bytes_all_layers + draft.block_bytes_all_layers
-    return max(int(available_bytes) // per_block, 0)
+    return max(int(available_bytes) // block_bytes(spec, draft), 0)
 
 
 def cpu_default_num_blocks(

@@ -42,8 +42,8 @@ from minivllm.worker.kv_cache import (
     bind_kv_cache,
     cpu_default_num_blocks,
     kv_spec_for,
-    num_blocks_from_memory,
 )
+from minivllm.worker.mem_utils import profile_num_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class ModelRunner:
         if self.cache_config.num_kv_blocks is not None:
             return self.cache_config.num_kv_blocks
         if self.device.type == "cuda":
-            return self._profile_num_blocks()
+            return profile_num_blocks(self)
         return cpu_default_num_blocks(
             self.kv_spec,
             self.cache_config.cpu_kv_cache_space,
@@ -143,44 +143,6 @@ class ModelRunner:
         if self.drafter is not None:
             del hidden
             self.drafter.profile_run(num_tokens, rows)
-
-    def _profile_num_blocks(self) -> int:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        free_before, total = torch.cuda.mem_get_info(self.device)
-        weights = torch.cuda.memory_allocated(self.device)
-        self.profile_run()
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        free_after, _ = torch.cuda.mem_get_info(self.device)
-        # Memory the process holds outside torch's allocator (CUDA context, NCCL, ...).
-        non_torch = max(0, (total - free_after) - torch.cuda.memory_reserved(self.device))
-        budget = int(total * self.cache_config.gpu_memory_utilization)
-        available = budget - peak - non_torch
-        if self.drafter is not None:
-            # The draft's scratch blocks past the pool (see draft_model.py).
-            available -= self.drafter.num_scratch_blocks * self.draft_kv_spec.block_bytes_all_layers
-        num_blocks = num_blocks_from_memory(self.kv_spec, available, self.draft_kv_spec)
-        logger.info(
-            "memory profile: total %.2f GiB, budget %.2f GiB, weights %.2f GiB, "
-            "activation peak %.2f GiB, non-torch %.2f GiB, free before %.2f GiB "
-            "-> KV cache %.2f GiB = %d blocks",
-            total / 2**30,
-            budget / 2**30,
-            weights / 2**30,
-            (peak - weights) / 2**30,
-            non_torch / 2**30,
-            free_before / 2**30,
-            num_blocks * self._block_bytes() / 2**30,
-            num_blocks,
-        )
-        torch.cuda.empty_cache()
-        return num_blocks
-
-    def _block_bytes(self) -> int:
-        """Bytes one block id costs: the target's cache, plus a draft model's."""
-        draft = self.draft_kv_spec
-        return self.kv_spec.block_bytes_all_layers + (draft.block_bytes_all_layers if draft else 0)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the per-layer K/V tensors, bind them, compile every kernel variant, and
