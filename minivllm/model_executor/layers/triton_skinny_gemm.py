@@ -3,8 +3,9 @@
 Upstream counterpart: the ROCm "skinny GEMMs" of ``csrc/rocm/skinny_gemms.cu``
 (``wvSplitK``, ``LLMM1``), chosen for small batches by ``rocm_unquantized_gemm_impl`` in
 ``vllm/model_executor/layers/utils.py``. On NVIDIA GPUs upstream leaves these shapes to
-cuBLAS; minivllm has its own kernel because cuBLAS reaches only about a quarter of the
-H200's memory bandwidth on the 0.6B model's M = 1 shapes (see the Linear layers chapter).
+cuBLAS; minivllm has its own kernel because on the 0.6B model's reducing layers
+(o_proj, down_proj) cuBLAS reaches a sixth to a third of the bandwidth it reaches on the
+others at M = 1 (see the "Layers as custom ops" chapter).
 
 Why a separate kernel: at M = 1 a linear layer does 2 FLOPs per weight element it reads,
 so its time is the time to stream ``W`` (``N x K`` bf16) from memory once. Nothing is
@@ -30,9 +31,19 @@ on which program finished first), writes the output and resets the counter for t
 launch. One kernel, no second reduction launch, no zero-fill: this is "serial split-K"
 (CUTLASS's semaphore variant), also what ``wvSplitKrc`` does on ROCm.
 
+Fused SiLU-and-mul (``GATED``). For down_proj, ``x`` may be the ``[gate | up]`` output of
+gate_up_proj: the kernel then loads both halves and multiplies by ``silu(gate) * up``,
+which saves the activation's own kernel.
+
+Starting early (optional, ``MINIVLLM_GEMV_PDL=1``). Each program can ask L2 for all of
+its weights first (``prefetch.global.L2``, which does not wait), and under programmatic
+dependent launch the kernel starts while the previous one is finishing and waits for it
+(``gdc_wait``) only before it reads ``x``.
+
 CUDA graphs: the grid depends only on the shapes and the workspace is allocated once per
 device, on the first (eager, warm-up) call; a call under capture that finds no workspace
-falls back to ``SPLIT_K = 1``.
+falls back to ``SPLIT_K = 1``. The workspace assumes one stream per device runs these
+kernels (two concurrent launches would share the counters).
 """
 
 from __future__ import annotations
