@@ -213,7 +213,8 @@ def test_command_line_takes_the_config_as_json() -> None:
 
 def test_engine_core_process_speculates_too(model_dir, llm) -> None:
     """The server's path: AsyncLLM with the engine core in its own process gets the
-    config across and streams exactly the offline greedy tokens."""
+    config across and streams exactly the offline greedy tokens, with their logprobs
+    (several rows per step cross the process boundary)."""
     import asyncio
 
     from minivllm.engine.arg_utils import EngineArgs
@@ -225,20 +226,31 @@ def test_engine_core_process_speculates_too(model_dir, llm) -> None:
         speculative_config=ngram(3),
     )  # fmt: skip
     engine = AsyncLLM.from_engine_args(args, multiprocess=True)
-    params = SamplingParams(temperature=0.0, max_tokens=30, output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=30, logprobs=1, output_kind=RequestOutputKind.DELTA
+    )
 
-    async def stream() -> list[int]:
-        tokens = []
+    async def stream() -> tuple[list[int], list, int]:
+        tokens, logprobs, steps = [], [], 0
         async for out in engine.generate(TEXT_PROMPTS[2], params, "r"):
             tokens.extend(out.outputs[0].token_ids)
-        return tokens
+            logprobs.extend(out.outputs[0].logprobs or [])
+            steps += 1
+        return tokens, logprobs, steps
 
     try:
-        streamed = asyncio.run(stream())
+        streamed, logprobs, steps = asyncio.run(stream())
     finally:
         engine.shutdown()
-    expected = llm.generate(TEXT_PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=30))
-    assert streamed == expected[0].outputs[0].token_ids
+    expected = llm.generate(
+        TEXT_PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=30, logprobs=1)
+    )[0].outputs[0]
+    assert streamed == expected.token_ids
+    assert steps < len(streamed)  # some steps kept several tokens
+    assert [p.keys() for p in logprobs] == [p.keys() for p in expected.logprobs]
+    for position, ref in zip(logprobs, expected.logprobs, strict=True):
+        for token, entry in position.items():
+            assert entry.logprob == pytest.approx(ref[token].logprob, abs=1e-4)
 
 
 def test_each_child_of_n_greater_than_one_speculates_on_its_own(model_dir) -> None:
