@@ -6,9 +6,20 @@ Upstream counterpart: ``vllm/v1/executor/multiproc_executor.py`` (``MultiprocExe
 
 Process layout: the engine process (scheduler, tokenizer, detokenizer) is *not* a rank.
 It starts one worker process per rank, and every call is a collective RPC: the same
-pickled ``(method, args, kwargs)`` is written to every worker's pipe, every worker runs
-it, and every worker answers (rank 0 with the result, the others with an
-acknowledgement).
+encoded call is written to every worker's pipe, every worker runs it, and every worker
+answers (rank 0 with the result, the others with an acknowledgement).
+
+What crosses the pipes (``minivllm/executor/worker_messages.py``): one typed msgpack
+message per call, one of a fixed set of ``Worker`` methods (start-up: ``init_device``,
+``load_model``, ``get_kv_spec``, ``determine_num_blocks``, ``initialize_kv_cache``; then
+per step an ``execute_model`` holding the step's ``StepMessage`` diff; last a
+``shutdown``), and per rank a typed reply: rank 0's ``ModelRunnerOutput`` of a step as
+plain lists, or a ``WorkerError`` (type name, message, traceback, fatal flag). Nothing
+on the pipes is pickled. Only the start of a worker hands it the configuration the
+ordinary ``multiprocessing`` way (inherited by a forked child; pickled once by
+``spawn`` into the interpreter the engine itself starts, as any spawned process's
+arguments are).
+
 Keeping the engine out of the collectives is what makes failures reportable: a rank that
 raises may leave the others blocked inside an all-reduce, and only a process that is not
 itself blocked there can notice, name the rank, and decide. It waits a little for the
@@ -38,7 +49,6 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
-import pickle
 import time
 import weakref
 from collections import deque
@@ -52,7 +62,16 @@ from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.step_message import StepMessageEncoder
 from minivllm.distributed.utils import get_distributed_init_method, get_open_port
 from minivllm.executor.abstract import Executor
-from minivllm.executor.worker_proc import SHUTDOWN, worker_main
+from minivllm.executor.worker_messages import (
+    ExecuteModel,
+    Shutdown,
+    WorkerCall,
+    WorkerError,
+    WorkerMessageEncoder,
+    decode_reply,
+    make_call,
+)
+from minivllm.executor.worker_proc import worker_main
 from minivllm.runner_outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
@@ -97,6 +116,7 @@ class MultiprocExecutor(Executor):
         self.workers: list[BaseProcess] = []
         self.conns: list[Connection] = []
         self._encoder = StepMessageEncoder()
+        self._message_encoder = WorkerMessageEncoder()
         self._dead_reason: str | None = None
         # Calls sent whose answers are not read yet, oldest first.
         self._pending: deque[PendingCall] = deque()
@@ -141,12 +161,16 @@ class MultiprocExecutor(Executor):
         """Run ``Worker.<method>(*args, **kwargs)`` on every rank; return the answers in
         rank order.
 
-        The message is pickled once and the same bytes go to every pipe. Answers are
-        awaited from all ranks at once, so whichever rank fails first is reported. Only
-        a method *name* crosses the pipe: upstream also ships callables (with
+        The call is encoded once (``worker_messages.make_call``) and the same bytes go
+        to every pipe. Answers are awaited from all ranks at once, so whichever rank
+        fails first is reported. Only the methods of ``WORKER_CALLS`` cross the pipe,
+        with arguments of their declared types: upstream also ships callables (with
         cloudpickle), which would let any code through the workers' pipes.
 
         Raises:
+            TypeError: ``method`` is a callable, or its arguments do not fit it (nothing
+                was sent).
+            ValueError: ``method`` is not one of ``WORKER_CALLS`` (nothing was sent).
             RuntimeError: A rank raised (``is_failed`` says whether the workers were
                 stopped as well), a worker died, or the workers are already stopped.
         """
@@ -156,15 +180,14 @@ class MultiprocExecutor(Executor):
                 f"callable ({method!r}) would have to be pickled to reach the worker "
                 "processes. Call a Worker method by name instead."
             )
-        return self._send(method, args, kwargs or {}).get_output()
+        return self._send(make_call(method, args, kwargs)).get_output()
 
-    def _send(
-        self, method: str, args: tuple, kwargs: dict[str, Any], reply_rank: int | None = None
-    ) -> PendingCall:
+    def _send(self, call: WorkerCall, reply_rank: int | None = None) -> PendingCall:
         """Write one call to every worker's pipe; return the handle to its answers."""
+        method = call.method()
         if self._dead_reason is not None:
             raise RuntimeError(f"the tensor-parallel workers are shut down: {self._dead_reason}")
-        data = pickle.dumps((method, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        data = self._message_encoder.encode(call)
         try:
             for rank, conn in enumerate(self.conns):
                 try:
@@ -217,38 +240,42 @@ class MultiprocExecutor(Executor):
         """Every rank's answer, and the first rank's error if one failed.
 
         Raises ``RuntimeError`` itself when a worker died, when a rank's GPU context is
-        broken, or when a rank is still silent ``STRAGGLER_TIMEOUT_S`` after another one
-        failed.
+        broken, when a reply does not decode as the call's, or when a rank is still
+        silent ``STRAGGLER_TIMEOUT_S`` after another one failed.
         """
         results: list[Any] = [None] * self.world_size
         pending = dict(zip(self.conns, range(self.world_size)))
-        failed: tuple[int, str, str] | None = None  # (rank, summary, traceback)
+        failed: tuple[int, WorkerError] | None = None
         deadline = float("inf")
         while pending:
             if failed is not None and time.monotonic() > deadline:
-                rank, summary, remote_tb = failed
+                rank, error = failed
                 raise _rank_error(
                     rank,
-                    f"{summary}; rank(s) {sorted(pending.values())} did not answer within "
-                    f"{STRAGGLER_TIMEOUT_S} s after that (stuck in a collective): the ranks "
-                    f"are out of step",
-                    remote_tb,
+                    f"{error.summary}; rank(s) {sorted(pending.values())} did not answer "
+                    f"within {STRAGGLER_TIMEOUT_S} s after that (stuck in a collective): the "
+                    f"ranks are out of step",
+                    error.traceback,
                 )
             # A timeout, so an interrupt delivered to another thread is seen within 1 s.
             for conn in wait(list(pending), timeout=min(1.0, STRAGGLER_TIMEOUT_S)):
                 rank = pending.pop(conn)
                 try:
-                    reply = pickle.loads(conn.recv_bytes())
+                    data = conn.recv_bytes()
                 except (EOFError, OSError):
                     raise self._died(rank, method) from None
-                if reply[0] == "ok":
-                    results[rank] = reply[1]
-                elif reply[3]:  # that rank's GPU is unusable: no later call can succeed
-                    raise _rank_error(rank, reply[1], reply[2])
+                reply = decode_reply(rank, method, data)  # raises: stop the workers
+                if reply.error is None:
+                    results[rank] = reply.value
+                elif reply.error.fatal:  # that rank's GPU is unusable: no call can succeed
+                    raise _rank_error(rank, reply.error.summary, reply.error.traceback)
                 elif failed is None:
-                    failed = (rank, reply[1], reply[2])
+                    failed = (rank, reply.error)
                     deadline = time.monotonic() + STRAGGLER_TIMEOUT_S
-        return results, None if failed is None else _rank_error(*failed)
+        if failed is None:
+            return results, None
+        rank, error = failed
+        return results, _rank_error(rank, error.summary, error.traceback)
 
     def _died(self, rank: int, method: str) -> RuntimeError:
         proc = self.workers[rank]
@@ -282,7 +309,7 @@ class MultiprocExecutor(Executor):
         """Send the step's diff to every rank and return without waiting for an answer;
         the handle's ``get_output`` reads them (rank 0's is the step's output)."""
         msg = self._encoder.encode(scheduler_output)
-        return self._send("execute_model", (msg,), {}, reply_rank=0)
+        return self._send(ExecuteModel(msg), reply_rank=0)
 
     def shutdown(self, graceful: bool = True) -> None:
         """Stop every worker; idempotent.
@@ -352,7 +379,7 @@ def _terminate_workers(
     if graceful:
         for conn in conns:
             with contextlib.suppress(OSError):  # that worker is already gone
-                conn.send_bytes(pickle.dumps((SHUTDOWN, (), {})))
+                conn.send_bytes(WorkerMessageEncoder().encode(Shutdown()))
         _join_all(workers, timeout=5.0)
     for proc in workers:
         if proc.is_alive():

@@ -3,26 +3,34 @@
 Upstream counterpart: ``WorkerProc`` in ``vllm/v1/executor/multiproc_executor.py``
 (``worker_main``, ``worker_busy_loop``, ``async_output_busy_loop``,
 ``monitor_death_pipe``). The engine's side is
-``minivllm/executor/multiproc_executor.py``.
+``minivllm/executor/multiproc_executor.py``; the messages on the pipe are defined in
+``minivllm/executor/worker_messages.py``: typed msgpack, never pickle.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import queue
 import signal
 import threading
 import time
-import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+import msgspec
+
 from minivllm.config import VllmConfig
+from minivllm.executor.worker_messages import (
+    Shutdown,
+    WorkerError,
+    WorkerMessageEncoder,
+    WorkerReply,
+    decode_call,
+)
 from minivllm.runner_outputs import AsyncModelRunnerOutput
 
-SHUTDOWN = "shutdown"
-"""The message that ends a worker's loop (its reply: none)."""
+_STOP = object()
+"""Ends the reply thread (None cannot: it is what most calls return)."""
 
 
 def worker_main(
@@ -36,8 +44,9 @@ def worker_main(
 
     Calls run on this thread in the order they arrive; their answers go out from a
     second thread (``_send_replies``), in the same order. Each call's exception is sent
-    back as ``("error", "Type: message", traceback)`` and the loop goes on (the executor
-    decides what a failure means).
+    back as a ``WorkerError`` and the loop goes on (the executor decides what a failure
+    means). A message that does not decode as a known call is answered with an error
+    too: every rank got the same bytes, so every rank refuses it and they stay in step.
     """
     # Ctrl-C reaches the whole foreground process group; only the engine handles it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -55,17 +64,22 @@ def worker_main(
     try:
         while True:
             try:
-                method, args, kwargs = pickle.loads(conn.recv_bytes())
+                data = conn.recv_bytes()
             except EOFError:
                 return  # the engine closed its end: it is gone
-            if method == SHUTDOWN:
+            try:
+                call = decode_call(data)
+            except msgspec.MsgspecError as exc:
+                replies.put(WorkerError.from_exception(exc))
+                continue
+            if isinstance(call, Shutdown):
                 return
             try:
-                replies.put(("ok", getattr(worker, method)(*args, **kwargs)))
+                replies.put(getattr(worker, call.method())(*call.arguments()))
             except Exception as exc:
-                replies.put(_error_reply(worker, exc))
+                replies.put(_error(worker, exc))
     finally:
-        replies.put(None)
+        replies.put(_STOP)
         sender.join(timeout=5.0)
         worker.shutdown()
         conn.close()
@@ -78,10 +92,12 @@ def _send_replies(worker: Any, conn: Connection, replies: queue.SimpleQueue) -> 
     them here, not on the main thread, is what lets the main thread queue the next step
     meanwhile (vLLM: ``WorkerProc.async_output_busy_loop``). Only rank 0 sends a step's
     output: every rank samples the same tokens, and the others' pipes carry a few bytes.
+    ``replies`` holds each call's return value or its ``WorkerError``.
     """
+    encoder = WorkerMessageEncoder()
     device_set = False
-    while (reply := replies.get()) is not None:
-        if isinstance(reply[1], AsyncModelRunnerOutput):
+    while (result := replies.get()) is not _STOP:
+        if isinstance(result, AsyncModelRunnerOutput):
             if not device_set and worker.vllm_config.device.type == "cuda":
                 # A new thread starts on GPU 0; without this its first CUDA call would
                 # make a context there, in every rank's process.
@@ -90,24 +106,30 @@ def _send_replies(worker: Any, conn: Connection, replies: queue.SimpleQueue) -> 
                 torch.cuda.set_device(worker.vllm_config.device)
                 device_set = True
             try:
-                output = reply[1].get_output()
-                reply = ("ok", output if worker.rank == 0 else None)
+                output = result.get_output()
+                result = output if worker.rank == 0 else None
             except Exception as exc:
-                reply = _error_reply(worker, exc)
+                result = _error(worker, exc)
         try:
-            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+            data = encoder.encode(_reply(worker.rank, result))
+        except Exception as exc:  # a value msgpack cannot carry (a tensor, say)
+            data = encoder.encode(_reply(worker.rank, WorkerError.from_exception(exc)))
+        try:
+            conn.send_bytes(data)
         except OSError:
             return  # the engine closed its end: nobody reads the answers any more
 
 
-def _error_reply(worker: Any, exc: Exception) -> tuple[str, str, str, bool]:
-    """``("error", "Type: message", traceback, fatal)``; fatal when this rank's GPU can
-    run nothing any more, so the executor stops every worker at once."""
-    summary = f"{type(exc).__name__}: {exc}"
-    fatal = _device_is_broken(worker)
-    if fatal:
-        summary += "; the GPU's context is broken, so this rank cannot run anything any more"
-    return ("error", summary, traceback.format_exc(), fatal)
+def _reply(rank: int, result: Any) -> WorkerReply:
+    if isinstance(result, WorkerError):
+        return WorkerReply(rank, error=result)
+    return WorkerReply(rank, result)
+
+
+def _error(worker: Any, exc: Exception) -> WorkerError:
+    """``exc`` as data; fatal when this rank's GPU can run nothing any more, so the
+    executor stops every worker at once."""
+    return WorkerError.from_exception(exc, fatal=_device_is_broken(worker))
 
 
 def _device_is_broken(worker: Any) -> bool:
