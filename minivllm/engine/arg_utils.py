@@ -170,7 +170,9 @@ class EngineArgs:
             tokenizer=tokenizer,
         )
         if speculative_config is not None and speculative_config.method == "draft_model":
-            _resolve_draft_model_config(speculative_config, model_config)
+            _resolve_draft_model_config(
+                speculative_config, model_config, self.tensor_parallel_size, device
+            )
         max_batched = self.max_num_batched_tokens or 8192
         if not self.enable_chunked_prefill:
             max_batched = max(max_batched, max_model_len)
@@ -308,10 +310,12 @@ class EngineArgs:
         return self.max_model_len
 
 
-def _resolve_draft_model_config(spec: SpeculativeConfig, target: ModelConfig) -> None:
+def _resolve_draft_model_config(
+    spec: SpeculativeConfig, target: ModelConfig, tp_size: int, device: torch.device
+) -> None:
     """Fill in ``spec.draft_model_config``: the draft runs in the target's dtype, up to
-    the target's ``max_model_len``, and must share its vocabulary (checked here, before
-    either model is loaded)."""
+    the target's ``max_model_len``, split over the same ``tp_size`` ranks, and must share
+    its vocabulary (checked here, before either model is loaded)."""
     from minivllm.model_executor.registry import ModelRegistry
     from minivllm.model_executor.weight_utils import find_safetensors_files
 
@@ -321,6 +325,7 @@ def _resolve_draft_model_config(spec: SpeculativeConfig, target: ModelConfig) ->
         hf_config, _ = _load_hf_config(path)
         ModelRegistry.resolve_model_cls(getattr(hf_config, "architectures", None))
         find_safetensors_files(path)
+        verify_tensor_parallel_size(hf_config, tp_size, device)
     except (ValueError, FileNotFoundError) as exc:
         raise ValueError(f"speculative_config: model {path!r}: {exc}") from exc
     limit = getattr(hf_config, "max_position_embeddings", None)
