@@ -367,6 +367,19 @@ def test_bad_draft_model_config_is_refused_before_anything_loads(tmp_path, monke
     ]
     for config, message in cases:
         _refused(tmp_path, {"method": "draft_model", **config}, message, monkeypatch)
+    # The draft is split over the target's ranks: 3 heads do not split over 2.
+    three_heads = tmp_path / "three_heads"
+    transformers_model(
+        three_heads, vocab_size=4096, hidden_size=96, num_attention_heads=3, num_key_value_heads=1
+    )
+    args = EngineArgs(
+        model=str(demo_model_path()),
+        device="cpu",
+        tensor_parallel_size=2,
+        speculative_config=draft_model(three_heads, 2),
+    )
+    with pytest.raises(ValueError, match="three_heads.*num_attention_heads=3"):
+        args.create_engine_config()
     # A draft model named without method='draft_model' is an n-gram config with a stray key.
     _refused(
         tmp_path,
