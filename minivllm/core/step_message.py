@@ -22,19 +22,23 @@ request that it updates:
 
 The worker rebuilds a ``SchedulerOutput`` over its mirrors and runs the very same
 ``ModelRunner.execute_model`` as the single-process engine.
+
+The three types are ``msgspec.Struct``s encoded as arrays (no field names on the wire;
+upstream's are dataclasses, pickled): the executor sends the message as msgpack
+(``minivllm/executor/worker_messages.py``), and a decode step of 256 requests is a
+few KiB.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
 
 
-@dataclass
-class NewRequestData:
+class NewRequestData(msgspec.Struct, array_like=True, gc=False):
     """A request the workers have not seen yet: what never changes about it."""
 
     request_id: str
@@ -43,8 +47,7 @@ class NewRequestData:
     eos_token_id: int | None
 
 
-@dataclass
-class ScheduledRequestData:
+class ScheduledRequestData(msgspec.Struct, array_like=True, gc=False):
     """One scheduled request of a step, as a diff against the worker's mirror.
 
     Attributes:
@@ -70,17 +73,16 @@ class ScheduledRequestData:
     is_new: bool
     is_resumed: bool
     needs_sample: bool
-    spec_token_ids: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = msgspec.field(default_factory=list)
 
 
-@dataclass
-class StepMessage:
+class StepMessage(msgspec.Struct, array_like=True, gc=False):
     """Everything a worker needs to run one step (the same message goes to every rank)."""
 
-    new_requests: list[NewRequestData] = field(default_factory=list)
-    scheduled: list[ScheduledRequestData] = field(default_factory=list)
-    preempted_req_ids: set[str] = field(default_factory=set)
-    finished_req_ids: set[str] = field(default_factory=set)
+    new_requests: list[NewRequestData] = msgspec.field(default_factory=list)
+    scheduled: list[ScheduledRequestData] = msgspec.field(default_factory=list)
+    preempted_req_ids: set[str] = msgspec.field(default_factory=set)
+    finished_req_ids: set[str] = msgspec.field(default_factory=set)
 
 
 class StepMessageEncoder:
