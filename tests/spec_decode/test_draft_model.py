@@ -414,6 +414,7 @@ def test_on_the_gpu_with_cuda_graphs_and_a_profiled_pool() -> None:
     # float32: a verification pass scores several tokens of a request at once, and in
     # bfloat16 its rounding may break a near-tie differently from a one-token step.
     args = dict(device="cuda", dtype="float32", max_model_len=256, gpu_memory_utilization=0.3)
+    args.update(max_num_seqs=8, max_num_batched_tokens=256)  # few graphs to capture
     runs, blocks = {}, {}
     for name, draft in (("off", None), ("self", path), ("draft", demo_draft_path())):
         spec = None if draft is None else draft_model(draft, 4)
