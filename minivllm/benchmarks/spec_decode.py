@@ -128,16 +128,34 @@ def _one_request(llm, prompt: list[int], output_len: int) -> tuple[float, int, l
         SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True),
     )
     cuda_sync()
-    outputs = engine.step()
-    while not any(out.outputs[0].token_ids for out in outputs):
-        outputs = engine.step()
+    outputs: list = []
+    # Until the first token, or the end: a request that fails (non-finite logits) ends
+    # with no token at all, and waiting for one would wait forever.
+    while engine.has_unfinished_requests() and not any(o.outputs[0].token_ids for o in outputs):
+        outputs = engine.step() or outputs
     first = time.perf_counter()
     steps = 0
     while engine.has_unfinished_requests():
         outputs = engine.step() or outputs
         steps += 1
     cuda_sync()
+    _check_finished(outputs)
     return time.perf_counter() - first, steps, list(outputs[-1].outputs[0].token_ids)
+
+
+def _check_finished(outputs: list) -> None:
+    """Refuse to time requests the engine failed: their figures would mean nothing.
+
+    Raises:
+        RuntimeError: A request finished with ``finish_reason="error"`` (its reason, e.g.
+            non-finite logits from a broken checkpoint, is quoted).
+    """
+    failed = [o for o in outputs if o.outputs[0].finish_reason == "error"]
+    if failed:
+        raise RuntimeError(
+            f"bench spec: {len(failed)} request(s) failed in the engine, so nothing is "
+            f"timed; the first: {failed[0].outputs[0].stop_reason}"
+        )
 
 
 def _spec_delta(before: Any, after: Any) -> dict[str, Any]:
@@ -196,7 +214,7 @@ def measure_throughput(llm, workload: Workload) -> dict[str, Any]:
         SamplingParams(temperature=0.0, max_tokens=min(n, 32), ignore_eos=True)
         for n in workload.output_lens
     ]
-    llm.generate(prompts, warm, use_tqdm=False)
+    _check_finished(llm.generate(prompts, warm, use_tqdm=False))
     params = [
         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens
     ]
@@ -207,6 +225,7 @@ def measure_throughput(llm, workload: Workload) -> dict[str, Any]:
     outputs = llm.generate(prompts, params, use_tqdm=False)
     cuda_sync()
     seconds = time.perf_counter() - start
+    _check_finished(outputs)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     entry = {
         "seconds": seconds,
@@ -249,6 +268,16 @@ def _free_device_memory() -> None:
 
 def _identical(a: list[list[int]], b: list[list[int]]) -> int:
     return sum(x == y for x, y in zip(a, b, strict=True))
+
+
+def _first_differences(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
+    """Per request, the index of the first token where ``a`` and ``b`` differ (None:
+    identical): a late first difference points at float noise of the batch shape, a
+    difference at token 0 at a bug."""
+    return [
+        next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), None) if ra != rb else None
+        for ra, rb in zip(a, b, strict=True)
+    ]
 
 
 def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -365,6 +394,7 @@ class SpecBench:
             batch1[method][str(k)] = entry
             batch1[method] = dict(sorted(batch1[method].items(), key=lambda kv: int(kv[0])))
         entry["identical_to_off"] = _identical(run["outputs"], self.reference)
+        entry["first_difference"] = _first_differences(run["outputs"], self.reference)
         _print_batch1(method, entry)
 
     def _throughput(self, llm, method: str, k: int, async_scheduling: bool) -> None:

@@ -52,6 +52,7 @@ def test_batch1_comparisons_come_from_the_runs(result) -> None:
         )  # all but each first
         # Greedy speculation is lossless on the CPU in float32: every request identical.
         assert entry["identical_to_off"] == 2
+        assert entry["first_difference"] == [None, None]
         # The repetitive prompts give the proposer matches; the statistics add up.
         assert entry["num_draft_tokens"] > 0
         assert entry["acceptance_rate"] == pytest.approx(
@@ -111,6 +112,23 @@ def test_bad_arguments_named(tmp_path, capsys) -> None:
     assert "--ks" in capsys.readouterr().err
     assert main(["bench", "spec", "--draft-model", str(tmp_path), "--allow-cpu"]) == 2
     assert "--draft-model" in capsys.readouterr().err
+
+
+def test_a_broken_model_fails_fast_with_the_reason(tmp_path) -> None:
+    """Non-finite logits fail each request (finish_reason "error") and the engine serves
+    on; the bench must stop at once, not wait for a first token that never comes."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.tiny_models import make_tiny_model
+
+    path = make_tiny_model("llama", tmp_path / "nan")
+    weights = load_file(path / "model.safetensors")
+    weights["lm_head.weight"].fill_(float("nan"))
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    argv = ["bench", "spec", "--model", str(path), "--ks", "2", "--output",
+            str(tmp_path / "out.json"), "--allow-cpu", *SMALL]  # fmt: skip
+    with pytest.raises(RuntimeError, match="failed in the engine.*finite"):
+        main(argv)
 
 
 def test_repetitive_prompts_repeat() -> None:
