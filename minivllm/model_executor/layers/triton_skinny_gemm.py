@@ -281,8 +281,9 @@ def kernel_wins(n: int, k: int, device: torch.device) -> bool:
     3072 -> 1024) cuBLAS reads the weight at a third of the bandwidth or less, and the
     kernel takes 1.2-3x less time; on layers that widen (qkv, gate/up) both sit within
     a few percent of each other, so cuBLAS keeps them. With programmatic dependent launch
-    the kernel's weight stream starts before the previous kernel ends, which cuBLAS
-    cannot do, so then every layer uses it.
+    (opt-in) every layer uses it, since only this kernel can start its weight stream
+    before the previous kernel ends; measured end to end that was slower than the default
+    (``docs/benchmarks/perf2/latency_gemv.json``), hence off unless asked for.
     """
     return n <= k or pdl_enabled(device)
 
