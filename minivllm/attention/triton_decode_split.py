@@ -21,18 +21,19 @@ import triton
 import triton.language as tl
 
 # A segment shorter than this spends more on its fixed costs (q load, partial write,
-# the merge) than it gains from parallelism: one 64-key tile is the least worth a program
-# (a small decode step is latency-bound, docs/benchmarks/perf2/kernel_variants.json).
-MIN_TOKENS_PER_SEGMENT = 64
+# the merge) than it gains from parallelism. Small decode steps are latency-bound and
+# gain from short segments (1 x 512: 8.3 us in 8 segments, 11.7 in 4, 26.5 unsplit;
+# 8 x 512: 15.6 us in 4, 17.0 in 8; docs/benchmarks/perf2/kernel_variants.json); two
+# 64-key tiles keep 8 x 512 at its best count.
+MIN_TOKENS_PER_SEGMENT = 128
 # Segments at least this long merge in their last program (no reduce launch); shorter
 # ones finish together and the separate reduce grid merges them faster
 # (docs/benchmarks/perf2/kernel_variants.json).
 FUSED_MERGE_MIN_TOKENS = 256
 # Upper bound on segments; a power of two because the reduce kernel tiles over them.
 MAX_SEGMENTS = 64
-# Aim for this many programs per multiprocessor so that memory latency is hidden; more
-# makes each segment shorter and its fixed costs (and the merge) weigh more.
-TARGET_PROGRAMS_PER_SM = 2
+# Aim for this many programs per multiprocessor so that memory latency is hidden.
+TARGET_PROGRAMS_PER_SM = 4
 # Multiprocessor count assumed off-GPU (the interpreter); only the heuristic reads it.
 CPU_FAKE_SM_COUNT = 8
 
