@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.executor.abstract import Executor
 from minivllm.runner_outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from minivllm.utils.torch_utils import cuda_context_is_broken
 from minivllm.worker.model_runner import ModelRunner
 
 
@@ -49,14 +48,7 @@ class UniProcExecutor(Executor):
         access): CUDA then fails every later call, so the engine is dead. Asked only
         after a step raised; an error that leaves the device usable (out of memory, a
         bad input) lets the engine fail that step alone."""
-        device = self.model_runner.device
-        if device.type != "cuda":
-            return False
-        try:
-            torch.cuda.synchronize(device)
-        except RuntimeError:
-            return True
-        return False
+        return cuda_context_is_broken(self.model_runner.device)
 
     def collective_rpc(
         self,

@@ -133,19 +133,11 @@ def _error(worker: Any, exc: Exception) -> WorkerError:
 
 
 def _device_is_broken(worker: Any) -> bool:
-    """True when this rank's CUDA context is unusable (after a device-side assert or an
-    illegal memory access CUDA fails every later call). Checked only after an error;
-    the in-process counterpart is ``UniProcExecutor.is_failed``."""
-    device = worker.vllm_config.device
-    if device.type != "cuda":
-        return False
-    import torch
+    """True when this rank's CUDA context is unusable; checked only after an error. The
+    in-process counterpart is ``UniProcExecutor.is_failed``."""
+    from minivllm.utils.torch_utils import cuda_context_is_broken
 
-    try:
-        torch.cuda.synchronize(device)
-    except RuntimeError:
-        return True
-    return False
+    return cuda_context_is_broken(worker.vllm_config.device)
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -44,3 +44,17 @@ def copy_to_device(
     else:
         packed = host.to(device)
     return [packed[start : start + a.size].view(a.shape) for a, start in zip(arrays, starts)]
+
+
+def cuda_context_is_broken(device: torch.device) -> bool:
+    """True when ``device``'s CUDA context is unusable: after a device-side assert or an
+    illegal memory access CUDA fails every later call, so the process cannot serve on.
+    An error that leaves the device usable (out of memory, a bad input) answers False.
+    Always False off CUDA."""
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize(device)
+    except RuntimeError:
+        return True
+    return False

@@ -20,3 +20,13 @@ def test_arrays_round_trip_aligned(dtype: type) -> None:
         assert tuple(dev.shape) == host.shape
         assert (dev.numpy() == host).all()
         assert dev.data_ptr() % ALIGN_BYTES == 0
+
+
+def test_cuda_context_is_broken_is_false_off_cuda_and_on_a_healthy_gpu() -> None:
+    """Off CUDA nothing can break a context; a GPU that just ran a kernel is healthy."""
+    from minivllm.utils.torch_utils import cuda_context_is_broken
+
+    assert cuda_context_is_broken(torch.device("cpu")) is False
+    if torch.cuda.is_available():
+        torch.ones(4, device="cuda").sum().item()
+        assert cuda_context_is_broken(torch.device("cuda:0")) is False
