@@ -104,29 +104,25 @@ def test_ctrl_c_terminates_workers(llama_path, monkeypatch) -> None:
     def hanging_execute(self: Worker, msg):
         time.sleep(60)
 
-    # Python turns SIGINT into KeyboardInterrupt only under its default handler.
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python turns SIGINT into KeyboardInterrupt under its default handler, which a
+    # terminal's Python has; a shell starts background jobs with SIGINT ignored, so a
+    # suite run as one (`pytest &`) would inherit SIG_IGN. Install the default here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(Worker, "execute_model", hanging_execute)
-    llm = LLM(str(llama_path), tensor_parallel_size=2, max_model_len=128)
-    workers = list(llm.llm_engine.engine_core.engine_core.model_executor.workers)
-    main = threading.main_thread().ident
-    done = threading.Event()
-
-    def press_ctrl_c() -> None:  # as a user would: again every half second until it stops
-        while not done.wait(0.5):
-            signal.pthread_kill(main, signal.SIGINT)
-
-    presser = threading.Thread(target=press_ctrl_c, daemon=True)
-    started = time.monotonic()
-    presser.start()
+    llm = None
     try:
+        llm = LLM(str(llama_path), tensor_parallel_size=2, max_model_len=128)
+        workers = list(llm.llm_engine.engine_core.engine_core.model_executor.workers)
+        main = threading.main_thread().ident
+        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+        timer.start()
+        started = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             llm.generate({"prompt_token_ids": [5, 6, 7]}, use_tqdm=False)
     finally:
-        done.set()
-        presser.join()
-        if any(w.is_alive() for w in workers):  # the test failed: leave no worker behind
-            llm.shutdown()
+        signal.signal(signal.SIGINT, previous)
+        if llm is not None and multiprocessing.active_children():
+            llm.shutdown()  # the test failed: leave no worker behind for the next one
     assert time.monotonic() - started < 20
     assert not any(w.is_alive() for w in workers)
     assert multiprocessing.active_children() == []
