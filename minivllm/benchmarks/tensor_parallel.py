@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from minivllm.benchmarks.common import (
+    QWEN3_0_6B_SHAPE,
     default_output,
     environment,
     make_random_checkpoint,
@@ -47,22 +48,16 @@ from minivllm.benchmarks.throughput import (
 )
 from minivllm.benchmarks.workloads import Workload, throughput_workload
 
-# Qwen3-8B's shape (its config.json), random weights.
-QWEN3_8B_SHAPE: dict[str, Any] = dict(
-    vocab_size=151936,
-    hidden_size=4096,
-    intermediate_size=12288,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-    bos_token_id=151643,
-    eos_token_id=151645,
-)
+# Qwen3-8B's shape (its config.json), random weights: the 0.6B shape of the other
+# benchmarks, wider and deeper, with an untied LM head.
+QWEN3_8B_SHAPE: dict[str, Any] = {
+    **QWEN3_0_6B_SHAPE,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "tie_word_embeddings": False,
+}
 DEFAULT_CHECKPOINT = "/tmp/minivllm-bench/qwen3-8b-random"
 
 # Environment variables that decide how NCCL talks, recorded with the results.
