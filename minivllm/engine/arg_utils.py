@@ -73,7 +73,9 @@ class EngineArgs:
         enforce_eager: Disable CUDA graphs.
         async_scheduling: Overlap the host's work for the next step with the device's
             work on the current one. None (the default) turns it on wherever it is
-            supported: without speculative decoding (any ``tensor_parallel_size``).
+            supported: without speculative decoding (any ``tensor_parallel_size``), and
+            with n-gram drafts that have a ``disable_by_batch_size`` (it then overlaps
+            the steps above that batch size only).
         speculative_config: Speculative decoding, upstream's keys:
             ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
             "prompt_lookup_max": ...}`` or ``{"method": "draft_model", "model": PATH,
@@ -247,6 +249,17 @@ class EngineArgs:
         return SpeculativeConfig.from_dict(self.speculative_config)
 
     def _resolve_async_scheduling(self) -> bool:
+        spec = self.speculative_config
+        if (
+            spec is not None
+            and spec.get("method", "ngram") == "ngram"
+            and spec.get("disable_by_batch_size") is not None
+        ):
+            # Steps above the threshold propose nothing, so the core can run them ahead
+            # as without speculation; steps that verify or propose drafts it waits for
+            # (EngineCore.step). A draft model stays synchronous (its drafts come from
+            # the worker with the step's output).
+            return self.async_scheduling is not False
         if self.speculative_config is not None:
             # As upstream's VllmConfig for proposers without a device-side async path:
             # drafts are proposed from the tokens a step returns (the n-gram proposer on

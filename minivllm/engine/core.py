@@ -82,6 +82,7 @@ class EngineCore:
         # so does a draft model (it needs the device; its drafts come back with the
         # step's output), but an n-gram proposer needs only the tokens, which are here.
         self.speculating = spec is not None
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         self.drafter: NgramProposer | None = None
         if spec is not None:
             if spec.method == "ngram":
@@ -94,9 +95,13 @@ class EngineCore:
             logger.info(
                 "speculative decoding: %s, up to %d draft tokens per request and step "
                 "(verification steps replay CUDA graphs; requests with logprobs get one "
-                "row per kept token; async scheduling is off)",
+                "row per kept token; %s)",
                 spec.method,
                 spec.num_speculative_tokens,
+                "async scheduling is off"
+                if spec.disable_by_batch_size is None
+                else f"steps of more than {spec.disable_by_batch_size} requests propose none"
+                + (", and only they run ahead" if self.async_scheduling else ""),
             )
         self._block_hasher = (
             get_request_block_hasher(cache_config.block_size)
@@ -104,7 +109,6 @@ class EngineCore:
             else None
         )
         self._eos_token_ids = model_config.eos_token_ids
-        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         # With async scheduling: the step queued on the device whose tokens have not
         # been processed yet, as (its scheduler output, its output handle).
         self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
@@ -224,6 +228,8 @@ class EngineCore:
                     previous, self._in_flight = self._in_flight, (scheduler_output, handle)
                     if previous is not None:
                         self._process_step(*previous, outputs)
+                    if self._needs_settling(scheduler_output):
+                        self._drain(outputs)
                 else:
                     self._process_step(scheduler_output, handle, outputs)
         if not self.scheduler.has_unfinished_requests():
@@ -299,8 +305,30 @@ class EngineCore:
             request = self.scheduler.requests.get(rid)
             if rid not in sampled and request is not None:  # a prefill chunk, no token yet
                 outputs.append(self._make_output(request, None, runner_output))
-        if self.speculating:
+        # Drafts only with every token known (nothing in flight), and only after a step
+        # small enough to speculate (SpeculativeConfig.disable_by_batch_size).
+        spec = self.vllm_config.speculative_config
+        if (
+            spec is not None
+            and self._in_flight is None
+            and spec.speculates_at(len(scheduler_output.scheduled))
+        ):
             self._propose_drafts(runner_output)
+
+    def _needs_settling(self, scheduler_output: SchedulerOutput) -> bool:
+        """Whether a step queued ahead must be processed before the next is scheduled.
+
+        Speculation with ``disable_by_batch_size`` runs ahead (async scheduling) only
+        steps that neither verify drafts (their count of new tokens is known only from
+        the rejection sampler) nor are followed by proposals (the n-gram proposer reads
+        every token); the others are waited for, as without async scheduling.
+        """
+        spec = self.vllm_config.speculative_config
+        if spec is None:
+            return False
+        return bool(scheduler_output.scheduled_spec_decode_tokens) or spec.speculates_at(
+            len(scheduler_output.scheduled)
+        )
 
     def _propose_drafts(self, runner_output: ModelRunnerOutput) -> None:
         """Drafts for the next step of every request about to decode: the n-gram

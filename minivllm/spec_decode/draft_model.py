@@ -139,6 +139,7 @@ class DraftModelProposer:
         next_token_ids: torch.Tensor,
         num_draft_tokens: list[int],
         num_accepted: list[int] | None,
+        catch_up_only: bool = False,
     ) -> torch.Tensor:
         """Run the catch-up pass and the chain; return ``[num_sampling, k]`` drafts.
 
@@ -149,6 +150,10 @@ class DraftModelProposer:
                 (device; -1 on a failed row, which is fed as token 0).
             num_draft_tokens: Drafts each sampling request verified this step.
             num_accepted: How many of them it accepted (None: no request verified).
+            catch_up_only: Only write the draft's K/V of the kept tokens (a step above
+                ``disable_by_batch_size``): the cache stays in step with the target's,
+                so speculation can resume later and prefix hits find the draft's K/V
+                too; returns ``[num_sampling, 0]``.
         """
         assert self.num_blocks is not None, "set_num_blocks() has not run"
         num_rejected = np.array(num_draft_tokens, dtype=np.int64)
@@ -181,8 +186,11 @@ class DraftModelProposer:
             max_query_len=plan.max_query_len,
             max_seq_len=int(plan.seq_lens.max()),
         )
-        drafts = [self._greedy(tokens, positions, meta, sample_idx)]
         num_seqs = plan.chain_table.shape[0]
+        if catch_up_only:
+            self._run(tokens, positions, meta)
+            return torch.empty((num_seqs, 0), dtype=torch.long, device=self.device)
+        drafts = [self._greedy(tokens, positions, meta, sample_idx)]
         chain_query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=self.device)
         for j in range(self.k - 1 if num_seqs else 0):
             meta = AttentionMetadata(
@@ -241,18 +249,23 @@ class DraftModelProposer:
         meta: AttentionMetadata,
         sample_idx: torch.Tensor | None,
     ) -> torch.Tensor:
-        """One forward pass of the draft (a captured graph when one fits); the argmax at
-        ``sample_idx`` (every row if None)."""
-        graphs = self.graphs
-        key = None if graphs is None else graphs.graph_key(meta, input_ids.shape[0])
-        if key is not None:
-            hidden = graphs.run(key, input_ids, positions, meta)
-        else:
-            with set_forward_context(meta):
-                hidden = self.model(input_ids, positions)
+        """One forward pass of the draft; the argmax at ``sample_idx`` (every row if
+        None)."""
+        hidden = self._run(input_ids, positions, meta)
         if sample_idx is not None:
             hidden = hidden[sample_idx]
         return self.model.compute_logits(hidden).argmax(dim=-1)
+
+    def _run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """One forward pass of the draft (a captured graph when one fits): hidden states."""
+        graphs = self.graphs
+        key = None if graphs is None else graphs.graph_key(meta, input_ids.shape[0])
+        if key is not None:
+            return graphs.run(key, input_ids, positions, meta)
+        with set_forward_context(meta):
+            return self.model(input_ids, positions)
 
     def _block_table(self, batch: TargetBatch, max_position: int) -> np.ndarray:
         """The target's block table, each row continued past its own blocks by that

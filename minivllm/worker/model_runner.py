@@ -389,10 +389,19 @@ class ModelRunner:
             return
         next_ids = self._prev_sampled if sampling else inputs.input_ids[:0]
         num_drafts = [len(s.spec_token_ids) for s in sampling]
+        # Above disable_by_batch_size the draft's cache still follows the target (the
+        # catch-up pass), but no drafts are proposed: the engine asks the same rule.
+        spec = self.vllm_config.speculative_config
+        catch_up_only = not spec.speculates_at(len(inputs.batch.num_computed))
         drafts = self.drafter.propose(
-            inputs.batch, inputs.input_ids, next_ids, num_drafts, output.num_accepted_tokens
+            inputs.batch,
+            inputs.input_ids,
+            next_ids,
+            num_drafts,
+            output.num_accepted_tokens,
+            catch_up_only,
         )
-        output.draft_token_ids = drafts.tolist()
+        output.draft_token_ids = None if catch_up_only else drafts.tolist()
 
     def _read_in_flight_tokens(self) -> dict[str, int]:
         """The previous step's sampled tokens by request id, for the penalties.
