@@ -76,6 +76,18 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=10, help="steps per loss-curve point")
     p.add_argument("--sample-tokens", type=int, default=40, help="length of logged samples")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
+        help="bf16 autocast (auto: on the GPU) or plain float32 (auto: on the CPU)",
+    )
+    p.add_argument(
+        "--attn-implementation",
+        default="eager",
+        choices=["eager", "sdpa"],
+        help="transformers' attention for training (eager: deterministic backward)",
+    )
     p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     return p
 
@@ -145,9 +157,10 @@ def build_model(args: argparse.Namespace, tokenizer: Any) -> Any:
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(args.seed)
-    # Eager attention: its backward is deterministic, and at 512 tokens it is cheap.
+    # Eager attention by default: its backward is deterministic, and at 512 tokens it is
+    # cheap. (--attn-implementation sdpa for deep targets: see the Demo model chapter.)
     model = transformers.LlamaForCausalLM(config)
-    model.set_attn_implementation("eager")
+    model.set_attn_implementation(args.attn_implementation)
     model.generation_config = transformers.GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -328,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = _resolve_device(args.device)
-    amp = device.type == "cuda"  # bf16 autocast on the GPU; plain float32 on the CPU
+    # bf16 autocast on the GPU, plain float32 on the CPU, unless --precision says otherwise.
+    amp = device.type == "cuda" if args.precision == "auto" else args.precision == "bf16"
 
     passages = read_passages(args.data)
     train_text, val_text = split_passages(passages, args.val_every)
