@@ -95,8 +95,8 @@ class LlamaAttention(nn.Module):
     """Self-attention: fused QKV projection, RoPE, paged attention, output projection.
 
     Subclasses adapt it to a model family through two hooks: ``projection_biases``
-    (which projections carry a bias) and ``qk_norm`` (what happens to q and k before
-    RoPE).
+    (which projections carry a bias) and ``qk_norm_rope`` (what happens to q and k
+    between the projection and attention: RoPE, after a per-head norm in Qwen3).
 
     Args:
         config: The Hugging Face config.
@@ -143,16 +143,18 @@ class LlamaAttention(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         return bias, bias
 
-    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transform q and k before RoPE; identity for Llama and Qwen2."""
-        return q, k
+    def qk_norm_rope(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prepare q and k for attention: Llama and Qwen2 only rotate them (RoPE; on CUDA
+        one kernel, in place on the column slices of qkv)."""
+        return self.rotary_emb(positions, q, k)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]`` for the flat batch at ``positions`` ``[T]``."""
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.qk_norm(q, k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.qk_norm_rope(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
 
