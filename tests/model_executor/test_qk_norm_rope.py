@@ -4,7 +4,8 @@ The fused kernel is held to two references: the three kernels it replaces (RMSNo
 the q heads, over the k heads, then the rotary kernel), bit for bit, since it rounds at
 the same places; and the torch definition (RMSNorm then RoPE in torch), within the
 tolerances of tests/model_executor/test_custom_ops.py. On the CPU the kernels run
-through ``TRITON_INTERPRET=1`` (tests/conftest.py), forced with ``CustomOp.force``.
+through ``TRITON_INTERPRET=1`` (tests/conftest.py), forced with ``CustomOp.force``; on a
+GPU the same tests run the compiled kernels (the bit-for-bit check included).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from minivllm.model_executor.layers.qk_norm_rope import (
 )
 from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
 from minivllm.model_executor.layers.triton_qk_norm_rope import qk_norm_rope
-from tests.model_executor.test_custom_ops import DEVICE, TOL, interpreter_only
+from tests.model_executor.test_custom_ops import DEVICE, TOL
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (head size, q heads, kv heads): Qwen3-0.6B's heads; a GQA group of 3; a head of 80,
@@ -49,7 +50,6 @@ def _split(qkv, head_size, num_heads, num_kv_heads):
     return qkv.split([q_size, kv_size, kv_size], dim=-1)
 
 
-@interpreter_only
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_size,num_heads,num_kv_heads", SHAPES)
 def test_fused_equals_the_three_kernels_it_replaces(dtype, head_size, num_heads, num_kv_heads):
@@ -111,7 +111,6 @@ def test_native_is_rms_norm_then_rotary_of_the_layers():
     assert all(torch.equal(a, e) for a, e in zip(actual, expected, strict=True))
 
 
-@interpreter_only
 def test_env_switch_binds_the_unfused_kernels(monkeypatch):
     layer = _layer(64, torch.float32)
     qkv, q_weight, k_weight, positions = _inputs(torch.float32, 64, 3, 1)
