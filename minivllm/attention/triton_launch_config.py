@@ -34,6 +34,10 @@ class AttentionLaunchConfig:
     num_stages: int
     num_segments: int  # 1 = no split-KV
     fused_reduce: bool = False  # split-KV: the last segment merges (no reduce launch)
+    # Where a prefill reads the chunk's own keys: 0 = the paged cache, 1 = this step's
+    # dense key/value tensors by pointers, 2 = the same through tensor descriptors (TMA).
+    new_kv: int = 0
+    warp_specialize: bool = False  # Triton's warp-specialised loop over the unmasked tiles
 
 
 # Tuned on an H200 (see docs/benchmarks/kernel.json and the PagedAttention chapter).

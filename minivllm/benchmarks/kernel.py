@@ -124,14 +124,16 @@ def _wall_ms(fn: Callable[[], object], max_s: float) -> tuple[float | None, str]
     return 1e3 * times[len(times) // 2], "wall clock, host syncs included"
 
 
-def make_paged_kv(num_seqs: int, seq_len: int, gen: torch.Generator) -> dict:
+def make_paged_kv(
+    num_seqs: int, seq_len: int, gen: torch.Generator, device: str = "cuda"
+) -> dict:
     """Random paged K/V for ``num_seqs`` sequences of ``seq_len`` tokens, shuffled blocks."""
     blocks_per_seq = cdiv(seq_len, BLOCK_SIZE)
     num_blocks = num_seqs * blocks_per_seq
     shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
-    k = torch.randn(shape, dtype=DTYPE, device="cuda", generator=gen)
-    v = torch.randn(shape, dtype=DTYPE, device="cuda", generator=gen)
-    perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
+    k = torch.randn(shape, dtype=DTYPE, device=device, generator=gen)
+    v = torch.randn(shape, dtype=DTYPE, device=device, generator=gen)
+    perm = torch.randperm(num_blocks, device=device, generator=gen).to(torch.int32)
     return {"key_cache": k, "value_cache": v,
             "block_table": perm.view(num_seqs, blocks_per_seq)}
 
