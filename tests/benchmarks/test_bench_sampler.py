@@ -19,8 +19,8 @@ from minivllm.cli import main
 )
 def test_bench_sampler_records_both_paths_and_checks(tmp_path) -> None:
     out = tmp_path / "sampler.json"
-    main(["bench", "sampler", "--num-rows", "4", "--vocab-size", "64", "--iters", "2",
-          "--rounds", "1", "--check-draws", "4096", "--allow-cpu", "--output", str(out)])  # fmt: skip
+    tiny = ["--num-rows", "4", "--vocab-size", "64", "--iters", "2", "--rounds", "1"]
+    main(["bench", "sampler", *tiny, "--check-draws", "4096", "--allow-cpu", "--output", str(out)])
     result = json.loads(out.read_text())
     assert "bench sampler" in result["command"]
     assert set(result["us_per_call"]) == {"greedy", "general", "gumbel"}
