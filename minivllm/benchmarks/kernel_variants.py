@@ -54,14 +54,14 @@ DECODES = ((1, 32768), (1, 512), (8, 512), (1, 2048), (8, 2048), (1, 8192), (8, 
 # each; None = what select_config picks for the shape.
 PREFILL_VARIANTS: tuple[tuple[str, AttentionLaunchConfig | None], ...] = (
     ("default", None),
-    ("paged 128x128 s3", AttentionLaunchConfig(128, 128, 8, 3, 1)),
-    ("ptr 256x64 s3", AttentionLaunchConfig(256, 64, 8, 3, 1, new_kv=1)),
-    ("ptr 128x128 s2", AttentionLaunchConfig(128, 128, 8, 2, 1, new_kv=1)),
-    ("tma 256x64 s3", AttentionLaunchConfig(256, 64, 8, 3, 1, new_kv=2)),
-    ("tma 256x64 s2", AttentionLaunchConfig(256, 64, 8, 2, 1, new_kv=2)),
     ("tma 128x128 s2", AttentionLaunchConfig(128, 128, 8, 2, 1, new_kv=2)),
     ("tma 128x128 s3", AttentionLaunchConfig(128, 128, 8, 3, 1, new_kv=2)),
     ("tma 128x64 s3", AttentionLaunchConfig(128, 64, 8, 3, 1, new_kv=2)),
+    ("tma 256x64 s3", AttentionLaunchConfig(256, 64, 8, 3, 1, new_kv=2)),
+    ("ptr 128x128 s2", AttentionLaunchConfig(128, 128, 8, 2, 1, new_kv=1)),
+    ("ptr 256x64 s3", AttentionLaunchConfig(256, 64, 8, 3, 1, new_kv=1)),
+    ("tma 64x64 w4 s3", AttentionLaunchConfig(64, 64, 4, 3, 1, new_kv=2)),
+    ("paged 128x128 s3", AttentionLaunchConfig(128, 128, 8, 3, 1)),
 )
 # Decode: with 16-row tiles (mma.sync) and a block-table load before each K/V load,
 # Triton 3.6 keeps one K/V buffer below 5 stages (no prefetch; compiled for sm_90
