@@ -27,19 +27,32 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 # Below this u, -log(1 - u) is the series u + u^2/2 + ... + u^6/6 (relative error
 # < u^6 / 7, under float32's resolution); above it, 1 - u is exact enough.
 _SERIES_BELOW = tl.constexpr(0.0625)
 _TWO_POW_M32 = tl.constexpr(2.3283064365386963e-10)
+_LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _exponential(bits):
-    """Exp(1) variates from 32 random bits (as int32), accurate for small values."""
+def _log2(x, FAST: tl.constexpr):
+    """log2: the GPU's one-instruction approximation (relative error ~2^-22, far below
+    the bf16 logits' own), or the exact one where that is unavailable (interpreter)."""
+    if FAST:
+        return libdevice.fast_log2f(x)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def _exponential_log2(bits, FAST: tl.constexpr):
+    """``E / ln 2`` for ``E ~ Exp(1)``, from 32 random bits (as int32); small values keep
+    full precision."""
     u = (bits.to(tl.uint32, bitcast=True).to(tl.float32) + 0.5) * _TWO_POW_M32
     series = u * (1.0 + u * (0.5 + u * (1.0 / 3.0 + u * (0.25 + u * (0.2 + u / 6.0)))))
-    return tl.where(u < _SERIES_BELOW, series, -tl.log(1.0 - u))
+    return tl.where(u < _SERIES_BELOW, series * _LOG2E, -_log2(1.0 - u, FAST))
 
 
 # The batch size changes every step: not a specialization (one variant per model).
@@ -59,8 +72,11 @@ def _gumbel_max_partial_kernel(
     SPLIT_SIZE: tl.constexpr,
     GROUPS: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
-    """Best ``x / T - log E`` (``x`` when ``T == 0``) of one slice of ``BLOCK_ROWS`` rows.
+    """Best ``(x / T - log E) / ln 2`` (``x`` when ``T == 0``) of one slice of
+    ``BLOCK_ROWS`` rows: base 2 and ``E / ln 2`` (whose log differs from ``log2 E`` by a
+    constant) change no argmax.
 
     Columns are handled in groups of four: one Philox call gives four random words, so
     group ``g`` (columns ``4g .. 4g+3``) of a row uses counter ``(g, position)`` under
@@ -71,22 +87,24 @@ def _gumbel_max_partial_kernel(
     row_ok = rows < num_rows
     temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=1.0)
     greedy = (temperature == 0.0)[:, None, None]
-    temperature = tl.where(greedy, 1.0, temperature[:, None, None])
+    scale = _LOG2E / tl.where(greedy, 1.0, temperature[:, None, None])
     seed = tl.load(seeds_ptr + rows, mask=row_ok, other=0)[:, None]
     position = tl.load(positions_ptr + rows, mask=row_ok, other=0).to(tl.int32)[:, None]
     row_ptr = logits_ptr + rows.to(tl.int64)[:, None, None] * logits_stride
     lane = tl.arange(0, 4)[None, None, :]
-    best = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
-    best_token = tl.full((BLOCK_ROWS,), split * SPLIT_SIZE, tl.int32)
-    row_max = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
-    num_nan = tl.zeros((BLOCK_ROWS,), tl.int32)
+    # Running best per tile position, reduced once at the end: no cross-thread work
+    # inside the loop. Strict ">" keeps the earlier (smaller) column of a tie.
+    best = tl.full((BLOCK_ROWS, GROUPS, 4), -float("inf"), tl.float32)
+    best_col = tl.zeros((BLOCK_ROWS, GROUPS, 4), tl.int32) + split * SPLIT_SIZE
+    row_max = tl.full((BLOCK_ROWS, GROUPS, 4), -float("inf"), tl.float32)
+    has_nan = tl.zeros((BLOCK_ROWS, GROUPS, 4), tl.int1)
     for i in tl.static_range(SPLIT_SIZE // (4 * GROUPS)):
         group = (split * SPLIT_SIZE) // 4 + i * GROUPS + tl.arange(0, GROUPS)
         cols = group[None, :, None] * 4 + lane
         mask = row_ok[:, None, None] & (cols < vocab_size)
         x = tl.load(row_ptr + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        row_max = tl.maximum(row_max, tl.max(tl.max(x, axis=2), axis=1))
-        num_nan += tl.sum(tl.sum((x != x).to(tl.int32), axis=2), axis=1)
+        row_max = tl.maximum(row_max, x)
+        has_nan = has_nan | (x != x)
         counter = group[None, :] + tl.zeros_like(position)  # [BLOCK_ROWS, GROUPS]
         zeros = tl.zeros_like(counter)
         r0, r1, r2, r3 = tl.philox(seed, counter, zeros + position, zeros, zeros)
@@ -99,14 +117,20 @@ def _gumbel_max_partial_kernel(
                 tl.where(lane == 2, r2[:, :, None], r3[:, :, None]),
             ),
         )
-        score = tl.where(greedy, x, x / temperature - tl.log(_exponential(bits)))
-        block_best = tl.max(tl.max(score, axis=2), axis=1)
-        # The first column reaching the maximum, as torch.argmax.
-        at_best = score == block_best[:, None, None]
-        first = tl.min(tl.min(tl.where(at_best, cols, 2147483647), axis=2), axis=1)
-        better = block_best > best  # strict: an earlier block wins a tie; NaN never wins
-        best_token = tl.where(better, first, best_token)
-        best = tl.where(better, block_best, best)
+        noise = _log2(_exponential_log2(bits, FAST_LOG), FAST_LOG)
+        score = tl.where(greedy, x, x * scale - noise)
+        better = score > best  # NaN never wins
+        best_col = tl.where(better, cols, best_col)
+        best = tl.where(better, score, best)
+    split_best = tl.max(tl.max(best, axis=2), axis=1)
+    # The first column reaching the maximum, as torch.argmax.
+    at_best = best == split_best[:, None, None]
+    first = tl.min(tl.min(tl.where(at_best, best_col, 2147483647), axis=2), axis=1)
+    # No winner (all -inf or NaN): the slice's first column, a valid id.
+    best_token = tl.where(split_best > -float("inf"), first, split * SPLIT_SIZE)
+    row_max = tl.max(tl.max(row_max, axis=2), axis=1)
+    num_nan = tl.sum(tl.sum(has_nan.to(tl.int32), axis=2), axis=1)
+    best = split_best
     out = rows * NUM_SPLITS + split
     tl.store(best_score_ptr + out, best, mask=row_ok)
     tl.store(best_token_ptr + out, best_token, mask=row_ok)
@@ -224,6 +248,7 @@ def gumbel_sample(
         SPLIT_SIZE=cfg.split_size,
         GROUPS=cfg.groups,
         BLOCK_ROWS=cfg.block_rows,
+        FAST_LOG=device.type == "cuda",
         num_warps=cfg.num_warps,
     )
     _gumbel_max_reduce_kernel[(row_blocks,)](
