@@ -61,6 +61,11 @@ PREFILL_LARGE_BLOCK_M, PREFILL_LARGE_TILE_N, PREFILL_LARGE_WARPS, PREFILL_LARGE_
     8,
     3,
 )
+# Where a prefill-sized launch (no split-KV) reads each chunk's own keys: 0 = the paged
+# cache, 1 = this step's dense key/value tensors by pointers, 2 = the same through TMA
+# tensor descriptors (Hopper; 1 elsewhere). The cached prefix always comes through the
+# block table.
+PREFILL_NEW_KV = 0
 # Shared memory the K/V pipeline may use: Triton keeps ``num_stages`` copies of a K and a
 # V tile in flight. H100/H200 allow 227 KiB per program; staying at 160 KiB leaves room for
 # Triton's own scratch (and for smaller GPUs).
@@ -142,7 +147,20 @@ def select_config(
         and num_seqs < DECODE_LARGE_BATCH
         and max_seq_len // segments >= FUSED_MERGE_MIN_TOKENS
     )
-    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments, fused)
+    # A prefill-sized launch without split-KV reads each chunk's own keys densely.
+    new_kv = 0
+    if max_query_len >= PREFILL_MIN_QUERY_LEN and segments == 1:
+        new_kv = PREFILL_NEW_KV if PREFILL_NEW_KV != 2 or tma_available(device) else 1
+    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments, fused, new_kv)
+
+
+def tma_available(device: torch.device) -> bool:
+    """Whether tensor descriptors can be used: Hopper or newer (the interpreter emulates
+    them, so the CPU tests run the same path)."""
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def _family_tiles(max_query_len: int, num_seqs: int, large: bool) -> tuple[int, int, int, int]:

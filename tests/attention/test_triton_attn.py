@@ -223,6 +223,13 @@ def test_ops_are_registered_and_pass_opcheck() -> None:
          out, b.scale, b.max_query_len, b.max_seq_len, None),
         test_utils=("test_schema", "test_faketensor"),
     )
+    # With this step's key/value (optional tensors in the schema).
+    torch.library.opcheck(
+        torch.ops.minivllm.paged_attention.default,
+        (b.query, b.key_cache, b.value_cache, b.block_table, b.seq_lens, b.query_start_loc,
+         out, b.scale, b.max_query_len, b.max_seq_len, None, b.key, b.value),
+        test_utils=("test_schema", "test_faketensor"),
+    )
     torch.library.opcheck(
         torch.ops.minivllm.reshape_and_cache.default,
         (b.key, b.value, b.key_cache, b.value_cache, b.slot_mapping),
@@ -363,3 +370,65 @@ def test_long_prefills_use_large_tiles_and_match_reference() -> None:
     tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                  b.seq_lens, b.query_start_loc, out, b.scale, config)
     _check_close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("new_kv", [1, 2], ids=["pointers", "descriptors"])
+@pytest.mark.parametrize("batch", ["prefill", "chunked", "mixed"])
+def test_chunk_keys_read_from_the_step_match_reference(batch: str, new_kv: int,
+                                                       monkeypatch) -> None:
+    """With this step's key/value given, the chunk's own keys come from them (by pointers
+    or tensor descriptors), the cached prefix through the block table: exact on whole
+    prefills, chunks over a prefix (tiles straddle the prefix's end) and mixed batches."""
+    dtype = torch.bfloat16 if new_kv == 2 else torch.float32
+    b = make_paged_batch(BATCHES[batch], block_size=8, num_kv_heads=2, group=2,
+                         head_size=64, dtype=dtype, device=DEVICE, seed=23)
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    modes = []
+    real_mode = tua._new_kv_mode
+    monkeypatch.setattr(tua, "_new_kv_mode", lambda *a: modes.append(real_mode(*a)) or modes[-1])
+    out = torch.full_like(b.query, float("nan"))
+    tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                 b.seq_lens, b.query_start_loc, out, b.scale,
+                                 tlc.AttentionLaunchConfig(32, 16, 4, 2, 1, new_kv=new_kv),
+                                 key=b.key, value=b.value)
+    assert modes == [new_kv]
+    _check_close(out, ref, dtype)
+
+
+def test_prefills_read_the_step_keys_through_the_backend(monkeypatch) -> None:
+    """select_config gives prefill-sized launches without split-KV the dense mode, and
+    paged_attention forwards key/value to it; decode launches and split ones read the
+    cache; a key that the cache write cast (float32 into bf16) falls back to the cache."""
+    monkeypatch.setattr(tlc, "PREFILL_NEW_KV", 2)
+    kwargs = dict(num_heads=4, num_kv_heads=2, device=torch.device(DEVICE), head_size=64)
+    prefill = select_config(num_tokens=63, num_seqs=2, max_query_len=40, max_seq_len=40,
+                            num_kv_splits=1, **kwargs)
+    assert prefill.new_kv == 2
+    assert select_config(num_tokens=63, num_seqs=2, max_query_len=40, max_seq_len=40,
+                         num_kv_splits=2, **kwargs).new_kv == 0
+    assert select_config(num_tokens=2, num_seqs=2, max_query_len=1, max_seq_len=40,
+                         **kwargs).new_kv == 0
+    b = make_paged_batch(BATCHES["prefill"], block_size=16, num_kv_heads=2, group=2,
+                         head_size=64, dtype=torch.bfloat16, device=DEVICE, seed=29)
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    modes = []
+    real_mode = tua._new_kv_mode
+    monkeypatch.setattr(tua, "_new_kv_mode", lambda *a: modes.append(real_mode(*a)) or modes[-1])
+    for key, value in ((b.key, b.value), (b.key.float(), b.value.float())):
+        out = triton_attn.paged_attention(
+            b.query, b.key_cache, b.value_cache, b.block_table, b.seq_lens,
+            b.query_start_loc, b.scale, max_query_len=b.max_query_len,
+            max_seq_len=b.max_seq_len, num_kv_splits=1, key=key, value=value)
+        _check_close(out, ref, torch.bfloat16)
+    assert modes == [2, 0]
+    with pytest.raises(ValueError, match="key and value"):
+        triton_attn.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale, key=b.key)
+    with pytest.raises(ValueError, match="value must be"):
+        triton_attn.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale, key=b.key,
+                                    value=b.value[:-1])
