@@ -260,8 +260,13 @@ def crossover(rows: list[dict[str, Any]], name: str = "ngram") -> int | None:
 
 def margin_run(llm, prompts: list[list[int]], output_len: int) -> list:
     """The prompts one at a time (batch 1), greedy, with the top-2 logprobs of every
-    token: the completions ``compare_greedy`` reads."""
-    return [_greedy_batch(llm, [p], output_len, logprobs=2)[0].outputs[0] for p in prompts]
+    token: the completions ``compare_greedy`` reads. Each starts from an empty prefix
+    cache, so every setting prefills the whole prompt in the same steps."""
+    completions = []
+    for prompt in prompts:
+        llm.reset_prefix_cache()
+        completions.append(_greedy_batch(llm, [prompt], output_len, logprobs=2)[0].outputs[0])
+    return completions
 
 
 def margins(reference: list, completions: list) -> dict[str, Any]:
