@@ -58,6 +58,8 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> None:
                         help="also profile 8 full-batch decode steps of the workload here")
     parser.add_argument("--compare-sync", action="store_true",
                         help="run the workload again with async scheduling off, same engine")
+    parser.add_argument("--profile-temperature", type=float, default=0.0,
+                        help="sampling temperature of the profiled decode steps")
     parser.add_argument("--compare-sampler", action="store_true",
                         help="run the temperature workload again with the sampler's one-pass "
                              "kernel off, then on again, same engine")
@@ -183,7 +185,8 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.compare_sync and llm.llm_engine.engine_core.engine_core.async_scheduling:
         result["sync"] = compare_sync(llm, workload, seconds)
     if args.profile_dir:
-        result["profile"] = profile_full_batch(llm, workload, Path(args.profile_dir))
+        result["profile"] = profile_full_batch(llm, workload, Path(args.profile_dir),
+                                               args.profile_temperature)
     if args.peer == "hf":
         sub = workload.head(args.peer_num_requests or len(workload.prompts))
         seconds = generate_workload(llm, sub)
@@ -237,7 +240,9 @@ def compare_sampler(llm, workload: Workload, kernel_seconds: float) -> dict[str,
     return out
 
 
-def profile_full_batch(llm, workload: Workload, out_dir: Path) -> dict[str, Any]:
+def profile_full_batch(
+    llm, workload: Workload, out_dir: Path, temperature: float = 0.0
+) -> dict[str, Any]:
     """Profile 8 decode steps once every prefill is done and the batch is full.
 
     The first 40 steps run unprofiled (all prompts are prefilled by then, and no
@@ -251,17 +256,19 @@ def profile_full_batch(llm, workload: Workload, out_dir: Path) -> dict[str, Any]
     engine.reset_prefix_cache()
     for prompt, n in zip(workload.prompts, workload.output_lens):
         engine.add_request({"prompt_token_ids": prompt},
-                           SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+                           SamplingParams(temperature=temperature, max_tokens=n,
+                                          ignore_eos=True))
     for _ in range(40):
         engine.step()
     summary = profile_steps(engine, 8, out_dir, "throughput_decode")
     summary["batch"] = engine.stats.num_running_reqs
+    summary["temperature"] = temperature
     engine.abort_request(list(engine.output_processor.request_states))
     print(f"full-batch decode ({summary['batch']} requests): device busy "
           f"{summary['device_busy_ms_per_step']:.2f} ms per step, wall "
           f"{summary['wall_ms_per_step']:.2f} ms (profiled)", flush=True)
     (out_dir / "throughput_decode_trace.json").unlink(missing_ok=True)  # ~100 MB
-    return {k: v for k, v in summary.items() if k != "top"} | {"top": summary["top"][:12]}
+    return {k: v for k, v in summary.items() if k != "top"} | {"top": summary["top"][:20]}
 
 
 def run_peers(path: str, sub: Workload, minivllm_seconds: float) -> dict[str, Any]:

@@ -32,7 +32,8 @@ def test_bench_sampler_records_both_paths_and_checks(tmp_path) -> None:
 
 def test_bench_throughput_compare_sampler(tmp_path) -> None:
     """``bench throughput --compare-sampler`` records the general path's run and the
-    kernel's second run next to the first (on the CPU both take the general path)."""
+    kernel's second run next to the first (on the CPU both take the general path), and
+    ``--profile-temperature`` profiles sampled steps."""
     from tests.tiny_models import make_tiny_model
 
     model = make_tiny_model("qwen3", tmp_path / "qwen3", vocab_size=10240)
@@ -41,9 +42,12 @@ def test_bench_throughput_compare_sampler(tmp_path) -> None:
                 "--output-len-range", "2", "3"]  # fmt: skip
     engine = ["--dtype", "float32", "--max-model-len", "64", "--max-num-seqs", "4",
               "--max-num-batched-tokens", "32", "--allow-cpu"]  # fmt: skip
-    main(["bench", "throughput", "--model", str(model), *workload, *engine,
-          "--compare-sampler", "--output", str(out)])  # fmt: skip
-    compared = json.loads(out.read_text())["minivllm"]["sampled_general_path"]
+    main(["bench", "throughput", "--model", str(model), *workload, *engine, "--compare-sampler",
+          "--profile-dir", str(tmp_path / "prof"), "--profile-temperature", "0.6",
+          "--output", str(out)])  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["profile"]["temperature"] == 0.6
+    compared = result["minivllm"]["sampled_general_path"]
     assert compared["kernel_speedup"] > 0
     for run in ("kernel_off", "kernel_on_again"):
         assert compared[run]["output_tokens_per_s"] > 0
