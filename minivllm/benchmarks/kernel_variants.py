@@ -42,6 +42,7 @@ from minivllm.benchmarks.kernel import (
     NUM_KV_HEADS,
     contiguous_kv,
     make_paged_kv,
+    step_qkv,
 )
 
 # Where the cases live: the GPU; a CPU check of the sweep itself sets "cpu".
@@ -127,20 +128,7 @@ def _prefill_case(batch: int, prefix: int, new: int) -> dict:
     seq_len = prefix + new
     gen = torch.Generator(device=DEVICE).manual_seed(seq_len * 7 + batch)
     paged = make_paged_kv(batch, seq_len, gen, DEVICE)
-    # q, k, v as the model hands them over: views of one fused projection output, the
-    # chunk's keys/values equal to the cache's last ``new`` positions of each sequence.
-    width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
-    qkv = torch.empty(batch * new, width, dtype=DTYPE, device=DEVICE)
-    q = qkv[:, : NUM_HEADS * HEAD_SIZE].view(-1, NUM_HEADS, HEAD_SIZE)
-    q.copy_(torch.randn(q.shape, dtype=DTYPE, device=DEVICE, generator=gen))
-    idx = paged["block_table"].long()
-    new_kv = []
-    for i, name in enumerate(("key_cache", "value_cache")):
-        lo = (NUM_HEADS + i * NUM_KV_HEADS) * HEAD_SIZE
-        view = qkv[:, lo : lo + NUM_KV_HEADS * HEAD_SIZE].view(-1, NUM_KV_HEADS, HEAD_SIZE)
-        rows = paged[name][idx].view(batch, -1, NUM_KV_HEADS, HEAD_SIZE)[:, prefix:seq_len]
-        view.copy_(rows.reshape(view.shape))
-        new_kv.append(view)
+    q, key, value = step_qkv(paged, batch, prefix, new, gen, DEVICE)
     lens = torch.full((batch,), seq_len, dtype=torch.int32, device=DEVICE)
     starts = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device=DEVICE)
     args = (
@@ -167,7 +155,7 @@ def _prefill_case(batch: int, prefix: int, new: int) -> dict:
     visible = batch * (new * prefix + new * (new + 1) / 2)
     return {
         "args": args,
-        "new_kv": {"key": new_kv[0], "value": new_kv[1]},
+        "new_kv": {"key": key, "value": value},
         "hints": {"max_query_len": new, "max_seq_len": seq_len},
         "sdpa": sdpa,
         "expected": expected.reshape(q.shape),
