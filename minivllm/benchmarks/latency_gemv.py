@@ -4,14 +4,15 @@
 latency`` (with a profile of eight decode steps) in fresh processes, alternately with the
 linear layers' small-M kernel off (``MINIVLLM_GEMV_MAX_M=0``: cuBLAS for every shape),
 on (the default row limit) and, with ``--sides``, on with programmatic dependent launch
-(``MINIVLLM_GEMV_PDL=1``) or on with Qwen3's q/k norm and rotary embedding as three
-kernels instead of the fused one (``on_unfused``: ``MINIVLLM_FUSED_QK_NORM_ROPE=0``), and
-writes one JSON with every run, the medians of each side and each side's ratio to the
-baseline (``--baseline``, ``off`` unless told). Separate processes, because the layers
-bind their implementation at the first forward pass and the captured CUDA graphs keep
-it; alternating, so that a drift of the GPU's clocks over the run shows as a spread
-between rounds rather than as a ratio. Any option after ``--`` goes to ``minivllm bench
-latency`` unchanged.
+(``MINIVLLM_GEMV_PDL=1``), on with the decoder layer's fusions undone (``on_unfused``:
+Qwen3's q/k norm and rotary embedding as three kernels, ``MINIVLLM_FUSED_QK_NORM_ROPE=0``,
+and each RMSNorm a kernel of its own, ``MINIVLLM_NORM_GEMV=0``), or with only the second
+undone (``on_qk_fused``). It writes one JSON with every run, the medians of each side and
+each side's ratio to the baseline (``--baseline``, ``off`` unless told). Separate
+processes, because the layers bind their implementation at the first forward pass and
+the captured CUDA graphs keep it; alternating, so that a drift of the GPU's clocks over
+the run shows as a spread between rounds rather than as a ratio. Any option after ``--``
+goes to ``minivllm bench latency`` unchanged.
 """
 
 from __future__ import annotations
@@ -30,19 +31,22 @@ from typing import Any
 from minivllm.benchmarks.common import environment, make_random_checkpoint
 from minivllm.benchmarks.throughput import DEFAULT_CHECKPOINT
 from minivllm.model_executor.layers.linear import DEFAULT_GEMV_MAX_M, GEMV_MAX_M_ENV
+from minivllm.model_executor.layers.norm_linear import NORM_GEMV_ENV
 from minivllm.model_executor.layers.qk_norm_rope import FUSED_QK_NORM_ROPE_ENV
 from minivllm.model_executor.layers.triton_skinny_gemm import PDL_ENV
 
-# The environment of each side: kernel off, on, on with programmatic dependent launch, and
-# on with the q/k norm and RoPE unfused (the default before they were one kernel).
+# The environment of each side: kernel off, on, on with programmatic dependent launch, on
+# with the decoder layer's fusions undone (the default before them), and on with only the
+# q/k norm + RoPE fusion.
 SIDES: dict[str, dict[str, str]] = {
     "off": {GEMV_MAX_M_ENV: "0"},
     "on": {},
     "on_pdl": {PDL_ENV: "1"},
-    "on_unfused": {FUSED_QK_NORM_ROPE_ENV: "0"},
+    "on_unfused": {FUSED_QK_NORM_ROPE_ENV: "0", NORM_GEMV_ENV: "0"},
+    "on_qk_fused": {NORM_GEMV_ENV: "0"},
 }
 # Variables a side sets; every child starts without them, then gets its side's.
-SWITCHES = (GEMV_MAX_M_ENV, PDL_ENV, FUSED_QK_NORM_ROPE_ENV)
+SWITCHES = (GEMV_MAX_M_ENV, PDL_ENV, FUSED_QK_NORM_ROPE_ENV, NORM_GEMV_ENV)
 
 
 def _run_side(

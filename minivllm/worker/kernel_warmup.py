@@ -33,9 +33,11 @@ def kernel_warmup(runner: Any) -> None:
     backend compile nothing)."""
     if runner.device.type == "cuda":
         from minivllm.model_executor.layers.linear import warm_up_small_m_kernels
+        from minivllm.model_executor.layers.norm_linear import warm_up_norm_gemv
 
         with torch.inference_mode():
             warm_up_small_m_kernels(runner.model)
+            warm_up_norm_gemv(runner.model)  # the norm + projection kernel of decode
             _warm_up_sampler(runner)
     if runner.attn_backend.name != "triton" or runner.device.type != "cuda":
         return

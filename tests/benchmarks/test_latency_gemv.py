@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from minivllm.benchmarks import latency_gemv
 from minivllm.model_executor.layers.linear import GEMV_MAX_M_ENV
+from minivllm.model_executor.layers.norm_linear import NORM_GEMV_ENV
 from minivllm.model_executor.layers.qk_norm_rope import FUSED_QK_NORM_ROPE_ENV
 from minivllm.model_executor.layers.triton_skinny_gemm import PDL_ENV
 
@@ -21,7 +24,11 @@ def test_sides_get_only_their_switches_and_ratios_use_the_baseline(tmp_path, mon
 
     def fake_run(cmd, env, check, timeout):
         seen.append({k: env[k] for k in latency_gemv.SWITCHES if k in env})
-        tpot = 1.5 if env.get(FUSED_QK_NORM_ROPE_ENV) == "0" else 1.2
+        tpot = (
+            1.2
+            + 0.2 * (env.get(FUSED_QK_NORM_ROPE_ENV) == "0")
+            + 0.1 * (env.get(NORM_GEMV_ENV) == "0")
+        )
         output = Path(cmd[cmd.index("--output") + 1])
         output.write_text(
             json.dumps(
@@ -38,25 +45,15 @@ def test_sides_get_only_their_switches_and_ratios_use_the_baseline(tmp_path, mon
     monkeypatch.setenv(GEMV_MAX_M_ENV, "0")
     monkeypatch.setenv(PDL_ENV, "1")
     out = tmp_path / "latency.json"
-    latency_gemv.main(
-        [
-            "--baseline",
-            "on_unfused",
-            "--sides",
-            "on",
-            "--rounds",
-            "2",
-            "--output",
-            str(out),
-            "--",
-            "--model",
-            str(tmp_path),
-        ]
-    )
-    on_unfused, on = {FUSED_QK_NORM_ROPE_ENV: "0"}, {}
-    assert seen == [on_unfused, on, on_unfused, on]  # alternating, baseline first
+    args = ["--baseline", "on_unfused", "--sides", "on_qk_fused", "on", "--rounds", "2"]
+    latency_gemv.main([*args, "--output", str(out), "--", "--model", str(tmp_path)])
+    unfused = {FUSED_QK_NORM_ROPE_ENV: "0", NORM_GEMV_ENV: "0"}
+    qk_fused = {NORM_GEMV_ENV: "0"}
+    assert seen == [unfused, qk_fused, {}] * 2  # alternating, baseline first
     result = json.loads(out.read_text())
-    assert result["baseline"] == "on_unfused" and list(result["runs"]) == ["on_unfused", "on"]
-    assert result["on_unfused_median_tpot_ms"] == 1.5 and result["on_median_tpot_ms"] == 1.2
-    assert result["tpot_on_unfused_over_on"] == 1.5 / 1.2
-    assert result["side_env"] == {"on_unfused": on_unfused, "on": on}
+    assert result["baseline"] == "on_unfused"
+    assert list(result["runs"]) == ["on_unfused", "on_qk_fused", "on"]
+    assert result["on_unfused_median_tpot_ms"] == pytest.approx(1.5)
+    assert result["tpot_on_unfused_over_on"] == pytest.approx(1.5 / 1.2)
+    assert result["tpot_on_unfused_over_on_qk_fused"] == pytest.approx(1.5 / 1.3)
+    assert result["side_env"] == {"on_unfused": unfused, "on_qk_fused": qk_fused, "on": {}}

@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from minivllm.attention.layer import Attention
 from minivllm.config import ModelConfig
 from minivllm.model_executor.custom_op import CustomOp
+from minivllm.model_executor.layers.norm_linear import NORM_GEMV_ENV
 from minivllm.model_executor.layers.qk_norm_rope import FUSED_QK_NORM_ROPE_ENV
 from minivllm.model_executor.loader import get_model
 from minivllm.model_executor.models.llama import LlamaForCausalLM
@@ -170,26 +171,32 @@ class _KernelOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-GEMMS_AND_NORMS = ["skinny_gemm", "fused_add_rms_norm", "mm", "skinny_gemm"]
+QK, NORM = FUSED_QK_NORM_ROPE_ENV, NORM_GEMV_ENV
+UNFUSED = ["fused_add_rms_norm", "mm"]  # the add + norm, then the cuBLAS projection
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="forces the kernels onto CPU tensors")
 @pytest.mark.parametrize(
-    "arch,fused,expected",
+    "arch,switches_off,expected",
     [
-        # 7 kernels + attention: qkv GEMM, q/k norm + RoPE in one kernel, o_proj, the
-        # residual add + norm, gate/up, down with SiLU-and-mul fused in.
-        ("qwen3", True, ["fused_add_rms_norm", "mm", "qk_norm_rope", "attention"]),
-        # 9 + attention: the q norm, the k norm and RoPE as three kernels.
-        ("qwen3", False,
-         ["fused_add_rms_norm", "mm", "rms_norm", "rms_norm", "rotary_embedding", "attention"]),
-        ("llama", True, ["fused_add_rms_norm", "mm", "rotary_embedding", "attention"]),
+        # 5 kernels + attention: add + norm + qkv, q/k norm + RoPE, o_proj, add + norm +
+        # gate/up, down with SiLU-and-mul fused in.
+        ("qwen3", [], ["rms_norm_gemv", "qk_norm_rope", "attention", "skinny_gemm",
+                       "rms_norm_gemv", "skinny_gemm"]),
+        # 7 + attention: the norms as kernels of their own.
+        ("qwen3", [NORM], [*UNFUSED, "qk_norm_rope", "attention", "skinny_gemm", *UNFUSED,
+                           "skinny_gemm"]),
+        # 9 + attention: and the q norm, the k norm and RoPE as three kernels.
+        ("qwen3", [NORM, QK], [*UNFUSED, "rms_norm", "rms_norm", "rotary_embedding",
+                               "attention", "skinny_gemm", *UNFUSED, "skinny_gemm"]),
+        ("llama", [], ["rms_norm_gemv", "rotary_embedding", "attention", "skinny_gemm",
+                       "rms_norm_gemv", "skinny_gemm"]),
     ],
 )
-def test_decode_layer_kernel_launches(arch, fused, expected, tmp_path, monkeypatch):
+def test_decode_layer_kernel_launches(arch, switches_off, expected, tmp_path, monkeypatch):
     """A batch-1 decode step runs exactly these kernels per layer: no copy, cast or split."""
-    if not fused:
-        monkeypatch.setenv(FUSED_QK_NORM_ROPE_ENV, "0")
+    for switch in switches_off:
+        monkeypatch.setenv(switch, "0")
     model = _load(make_tiny_model(arch, tmp_path, num_hidden_layers=2))
     runner = PagedForward(model, num_seqs=1)
     mode = _KernelOps(model.model.layers[1])
@@ -198,4 +205,4 @@ def test_decode_layer_kernel_launches(arch, fused, expected, tmp_path, monkeypat
         mode.ops.clear()  # the prefill ran through the hooks outside the mode
         with mode:
             runner.step([[NEXT_TOKENS[0]]])
-    assert mode.ops == expected + GEMMS_AND_NORMS
+    assert mode.ops == expected
