@@ -37,7 +37,6 @@ class AttentionLaunchConfig:
     # Where a prefill reads the chunk's own keys: 0 = the paged cache, 1 = this step's
     # dense key/value tensors by pointers, 2 = the same through tensor descriptors (TMA).
     new_kv: int = 0
-    warp_specialize: bool = False  # Triton's warp-specialised loop over the unmasked tiles
 
 
 # Tuned on an H200 (see docs/benchmarks/kernel.json and the PagedAttention chapter).

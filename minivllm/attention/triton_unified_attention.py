@@ -108,7 +108,6 @@ def kernel_unified_attention(
     NUM_SEGMENTS: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,
     NEW_KV: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -175,7 +174,7 @@ def kernel_unified_attention(
         tile_mid = context_len // TILE_N
         tile_hi = tl.cdiv(context_len, TILE_N)
         cached_end = context_len
-    for tile in tl.range(tile_lo, tile_mid, warp_specialize=WARP_SPECIALIZE):
+    for tile in range(tile_lo, tile_mid):
         acc, m, l = attend_tile(  # noqa: E741
             acc, m, l, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, tile, cached_end,
             kv_head, qk_scale, stride_c_block, stride_c_slot, stride_c_head,
@@ -194,7 +193,7 @@ def kernel_unified_attention(
         # visible to all of its rows, the diagonal tiles are masked.
         new_end = kv_end - context_len
         new_full = (local_block * BLOCK_Q + 1) // TILE_N
-        for tile in tl.range(0, new_full, warp_specialize=WARP_SPECIALIZE):
+        for tile in range(0, new_full):
             acc, m, l = attend_new_tile(  # noqa: E741
                 acc, m, l, q, tok, key_ptr, value_ptr, key_desc, value_desc, q_start,
                 new_end, tile, kv_head, qk_scale, stride_k_tok, stride_v_tok,
@@ -309,7 +308,6 @@ def launch_unified_attention(
         NUM_SEGMENTS=segments,
         FUSED_REDUCE=fused,
         NEW_KV=new_kv,
-        WARP_SPECIALIZE=config.warp_specialize,
         # float32 runs in exact IEEE mode (tf32 would cost ~1e-3 relative error).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRETED,
