@@ -1,4 +1,5 @@
-"""The one-pass Gumbel-max kernel (sample/gumbel.py), in Triton's interpreter on the CPU.
+"""The one-pass Gumbel-max kernel (sample/gumbel.py): in Triton's interpreter on the CPU,
+compiled on a GPU.
 
 It must draw from ``softmax(logits / T)`` (chi-square against the direct computation,
 with a wrong temperature as the negative control), take the exact argmax on greedy
@@ -19,36 +20,38 @@ from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 from tests.sample.reference import chi_square_pvalue
-from tests.sample.test_sampler import make_generators, make_request
+from tests.sample.test_sampler import make_request
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
     reason="Triton kernels need a GPU or TRITON_INTERPRET=1",
 )
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+INTERPRETED = DEVICE.type != "cuda"
 DRAWS = 20_000
 ALPHA = 1e-3
 LOGITS = torch.tensor([2.0, 1.6, 1.1, 0.9, 0.3, -0.2, -0.9, -1.5])
 # 40 columns read as 8-column blocks, two per program: three programs per row, so the
 # reduction across blocks and across programs (a partial last one) is on the path.
-SMALL_TILES = replace(gumbel_launch_config(40, True), groups=2, split_size=16, num_splits=3)
-# The interpreter pays per operation, not per element: thousands of rows per program.
-MANY_ROWS = 4096
+SMALL_TILES = replace(gumbel_launch_config(40, INTERPRETED), groups=2, split_size=16, num_splits=3)
+# The interpreter pays per operation, not per element: there, thousands of rows a program.
+ROWS_PER_PROGRAM = 4096 if INTERPRETED else 1
 
 
 def _draw(logits: torch.Tensor, temperature: float, config=None, num: int = DRAWS):
     """``num`` independent draws from one logits row (one kernel row each, own key)."""
-    keys = torch.arange(num, dtype=torch.int64) * 1_000_003 + 17
-    config = replace(config or gumbel_launch_config(logits.numel(), True), block_rows=MANY_ROWS)
+    keys = torch.arange(num, dtype=torch.int64, device=DEVICE) * 1_000_003 + 17
+    config = config or gumbel_launch_config(logits.numel(), INTERPRETED)
     tokens, finite = gumbel_sample(
-        logits.expand(num, -1),
-        torch.full((num,), temperature),
+        logits.to(DEVICE).expand(num, -1),
+        torch.full((num,), temperature, device=DEVICE),
         keys,
-        torch.zeros(num, dtype=torch.int64),
-        config,
+        torch.zeros(num, dtype=torch.int64, device=DEVICE),
+        replace(config, block_rows=ROWS_PER_PROGRAM),
     )
     assert finite.all()
-    return torch.bincount(tokens, minlength=logits.numel())
+    return torch.bincount(tokens.cpu(), minlength=logits.numel())
 
 
 @pytest.mark.parametrize("temperature", [0.6, 1.0, 1.7])
@@ -81,6 +84,9 @@ def test_greedy_rows_are_the_exact_argmax_and_tiling_changes_nothing() -> None:
     positions = torch.randint(0, 5000, (12,), generator=g)
     # The interpreter's default, the GPU's (a row per program), and small tiles.
     configs = [None, gumbel_launch_config(40), SMALL_TILES]
+    logits, temperature, keys, positions = (
+        t.to(DEVICE) for t in (logits, temperature, keys, positions)
+    )
     results = [gumbel_sample(logits, temperature, keys, positions, c)[0] for c in configs]
     greedy = temperature == 0
     assert torch.equal(results[0][greedy], logits.argmax(-1)[greedy])
@@ -98,7 +104,10 @@ def test_nonfinite_rows_are_flagged_with_valid_ids() -> None:
     logits[3] = float("-inf")
     logits[4, :39] = float("-inf")  # one finite token: finite, and it is the draw
     tokens, finite = gumbel_sample(
-        logits, torch.full((5,), 0.9), torch.arange(5), torch.zeros(5, dtype=torch.int64)
+        logits.to(DEVICE),
+        torch.full((5,), 0.9, device=DEVICE),
+        torch.arange(5, device=DEVICE),
+        torch.zeros(5, dtype=torch.int64, device=DEVICE),
     )
     assert finite.tolist() == [True, False, False, False, True]
     assert ((tokens >= 0) & (tokens < 40)).all() and tokens[4] == 39
@@ -108,15 +117,24 @@ def test_nonfinite_rows_are_flagged_with_valid_ids() -> None:
 VOCAB = 32
 
 
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def make_generators(requests) -> dict[str, torch.Generator]:
+    return {r.request_id: _generator(r.sampling_params.seed) for r in requests
+            if r.sampling_params.seed is not None}  # fmt: skip
+
+
 def _run(logits: torch.Tensor, params: list[SamplingParams], row: int, steps: int = 12):
     """The tokens row ``row`` gets over ``steps`` steps (its output grows each step)."""
     requests = [make_request(i, p, [2, 3], []) for i, p in enumerate(params)]
     gens = make_generators(requests)
-    sampler = Sampler(torch.Generator().manual_seed(len(params)), use_gumbel_kernel=True)
+    sampler = Sampler(_generator(len(params)), use_gumbel_kernel=True)
     tokens = []
     for _ in range(steps):
-        md = SamplingMetadata.from_requests(requests, torch.device("cpu"), gens, VOCAB)
-        out = sampler(logits, md).sampled_token_ids
+        md = SamplingMetadata.from_requests(requests, DEVICE, gens, VOCAB)
+        out = sampler(logits.to(DEVICE), md).sampled_token_ids.cpu()
         for r, t in zip(requests, out.tolist()):
             r.append_output_token_ids(t)
         tokens.append(out[row].item())
@@ -172,12 +190,13 @@ def test_sampler_kernel_path_matches_distribution_and_flags() -> None:
     from softmax(logits / T), and reports finiteness as the general path does."""
     n = 4_000
     requests = [make_request(i, SamplingParams(temperature=0.7), [2], []) for i in range(n)]
-    md = SamplingMetadata.from_requests(requests, torch.device("cpu"), {}, 8)
-    sampler = Sampler(torch.Generator().manual_seed(0), use_gumbel_kernel=True)
-    out = sampler(LOGITS.expand(n, 8), md)
+    md = SamplingMetadata.from_requests(requests, DEVICE, {}, 8)
+    sampler = Sampler(_generator(0), use_gumbel_kernel=True)
+    logits = LOGITS.to(DEVICE).expand(n, 8)
+    out = sampler(logits, md)
     assert out.logits_finite is not None and out.logits_finite.all()
-    counts = torch.bincount(out.sampled_token_ids, minlength=8)
+    counts = torch.bincount(out.sampled_token_ids.cpu(), minlength=8)
     assert chi_square_pvalue(counts, (LOGITS.double() / 0.7).softmax(-1)) > ALPHA
     # Two steps draw different noise: fresh keys per step.
-    again = sampler(LOGITS.expand(n, 8), md).sampled_token_ids
+    again = sampler(logits, md).sampled_token_ids
     assert not torch.equal(again, out.sampled_token_ids)
