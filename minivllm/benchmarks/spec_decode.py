@@ -361,16 +361,21 @@ class SpecBench:
         completions = measure.margin_run(llm, prompts, self.args.margin_output_len)
         if method == "off":
             self.margin_reference = completions
+            self.result["identity"] = {
+                "prompts": len(prompts),
+                "output_len": self.args.margin_output_len,
+                "num_sequences": 0,
+                "num_identical": 0,
+                "max_off_margin": None,
+                # The top-2 gaps at every position off generated: what a divergence's
+                # gap is compared with.
+                "off_gaps": measure.gap_quantiles(completions),
+                "by_setting": {},
+            }
+            print(f"  off: top-2 gaps over its positions: {self.result['identity']['off_gaps']}")
             return
         entry["greedy_margins"] = found = measure.margins(self.margin_reference, completions)
-        identity = self.result["identity"] or {
-            "prompts": len(prompts),
-            "output_len": self.args.margin_output_len,
-            "num_sequences": 0,
-            "num_identical": 0,
-            "max_off_margin": None,
-            "by_setting": {},
-        }
+        identity = self.result["identity"]
         identity["num_sequences"] += found["num_prompts"]
         identity["num_identical"] += found["num_identical"]
         margins = [identity["max_off_margin"], found["max_off_margin"]]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from minivllm.benchmarks.common import compare_greedy, cuda_sync
+from minivllm.benchmarks.common import compare_greedy, cuda_sync, top2
 from minivllm.benchmarks.workloads import Workload
 
 
@@ -276,3 +276,18 @@ def margins(reference: list, completions: list) -> dict[str, Any]:
         for key in ("off_top2", "on_top2"):
             d[key] = [list(pair) for pair in d[key]]
     return result
+
+
+def gap_quantiles(completions: list) -> dict[str, Any]:
+    """The top-2 logprob gap at every generated position of ``completions``: how many,
+    the smallest, the 10th percentile and the median. A divergence whose gap is far
+    below the median happened at one of the rare near-ties."""
+    gaps = sorted(a[1] - b[1] for c in completions for a, b in map(top2, c.logprobs))
+    if not gaps:
+        return {"num_positions": 0, "min": None, "p10": None, "median": None}
+    return {
+        "num_positions": len(gaps),
+        "min": gaps[0],
+        "p10": gaps[len(gaps) // 10],
+        "median": gaps[len(gaps) // 2],
+    }

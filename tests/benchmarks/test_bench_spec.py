@@ -144,6 +144,9 @@ def test_identity_margins_come_from_the_runs(result) -> None:
     assert identity["num_identical"] == identity["num_sequences"]
     assert identity["max_off_margin"] is None
     assert identity["by_setting"]["ngram k=2"] == [2, 2]
+    gaps = identity["off_gaps"]  # off's top-2 gap at each of its 2 x 12 positions
+    assert gaps["num_positions"] == 24
+    assert 0 <= gaps["min"] <= gaps["p10"] <= gaps["median"]
 
 
 def test_margins_report_both_runs_at_the_first_divergence() -> None:
