@@ -140,14 +140,25 @@ def test_warm_up_launches_each_column_parallel_shape(monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="forces the kernels onto CPU tensors")
-def test_two_sequence_decode_with_the_fused_kernel_matches_hf(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"])  # qwen2: the qkv bias in the kernel
+def test_two_sequence_decode_with_the_fused_kernel_matches_hf(arch, tmp_path, monkeypatch):
     """A decode step of two tokens, the norms fused into qkv and gate/up, against HF."""
-    path = make_tiny_model("qwen3", tmp_path)
+    from minivllm.model_executor.layers import triton_norm_gemv
+
+    path = make_tiny_model(arch, tmp_path)
     model, hf_model = _load(path), load_hf_model(path)
     runner = PagedForward(model, num_seqs=2)
     with CustomOp.force("cuda"):
         runner.step(PROMPTS[:2])
+        calls = []
+        real = triton_norm_gemv.rms_norm_gemv
+        monkeypatch.setattr(
+            triton_norm_gemv, "rms_norm_gemv", lambda *a: calls.append(a[5] is not None) or real(*a)
+        )
         decode = runner.step([[t] for t in NEXT_TOKENS[:2]])
+    # Two per layer (qkv, gate/up), and Qwen2's qkv bias went into the kernel.
+    assert len(calls) == 2 * model.config.num_hidden_layers
+    assert any(calls) == (arch == "qwen2")
     expected = torch.stack(
         [_hf_logits(hf_model, p + [t])[-1] for p, t in zip(PROMPTS, NEXT_TOKENS[:2])]
     )
