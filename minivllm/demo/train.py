@@ -76,19 +76,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=10, help="steps per loss-curve point")
     p.add_argument("--sample-tokens", type=int, default=40, help="length of logged samples")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "bf16", "fp32"],
-        help="bf16 autocast (auto: on the GPU) or plain float32 (auto: on the CPU)",
-    )
-    p.add_argument(
-        "--attn-implementation",
-        default="eager",
-        choices=["eager", "sdpa"],
-        help="transformers' attention for training (eager: deterministic backward)",
-    )
     p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--train-eos-embedding",
+        action="store_true",
+        help="learn the end-of-sequence token's embedding (by default, as the demo model "
+        "was made, it is the padding row and stays zero; deep models need it learned)",
+    )
     return p
 
 
@@ -154,13 +148,19 @@ def build_model(args: argparse.Namespace, tokenizer: Any) -> Any:
         tie_word_embeddings=True,  # saves a second 4096 x 256 matrix: 1M weights, +19%
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        # The pad id is the eos id, so transformers makes the eos row the embedding's
+        # padding row: zero, never trained. A window that starts with eos then carries an
+        # all-zero residual stream through every layer, and each RMSNorm's backward at
+        # zero scales the gradient by 1/sqrt(eps); past about 20 layers it overflows to
+        # NaN in the first step. --train-eos-embedding builds the model without the
+        # padding row (the saved config still names the pad id).
+        pad_token_id=None if args.train_eos_embedding else tokenizer.pad_token_id,
     )
     torch.manual_seed(args.seed)
-    # Eager attention by default: its backward is deterministic, and at 512 tokens it is
-    # cheap. (--attn-implementation sdpa for deep targets: see the Demo model chapter.)
+    # Eager attention: its backward is deterministic, and at 512 tokens it is cheap.
     model = transformers.LlamaForCausalLM(config)
-    model.set_attn_implementation(args.attn_implementation)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.set_attn_implementation("eager")
     model.generation_config = transformers.GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -341,8 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = _resolve_device(args.device)
-    # bf16 autocast on the GPU, plain float32 on the CPU, unless --precision says otherwise.
-    amp = device.type == "cuda" if args.precision == "auto" else args.precision == "bf16"
+    amp = device.type == "cuda"  # bf16 autocast on the GPU; plain float32 on the CPU
 
     passages = read_passages(args.data)
     train_text, val_text = split_passages(passages, args.val_every)
