@@ -45,8 +45,8 @@ _POINTER_TYPES = {
 DEFAULT_CONFIGS = (
     AttentionLaunchConfig(16, 64, 4, 2, 64, True),
     AttentionLaunchConfig(16, 128, 4, 3, 1),
-    AttentionLaunchConfig(128, 128, 8, 2, 1),
-    AttentionLaunchConfig(256, 64, 8, 3, 1),
+    AttentionLaunchConfig(128, 128, 8, 2, 4),
+    AttentionLaunchConfig(128, 128, 8, 3, 1, new_kv=2),
 )
 
 

@@ -348,28 +348,33 @@ def test_fused_merge_only_for_long_decode_segments() -> None:
     assert prefill.num_segments > 1 and not prefill.fused_reduce
 
 
-def test_long_prefills_use_large_tiles_and_match_reference() -> None:
-    """Queries averaging PREFILL_LARGE_AVG_QUERY_LEN tokens get 256-row tiles (exact on
-    q-blocks that cross the diagonal mid-tile, over a prefix); a decode-heavy batch, or
-    one that splits, keeps 128 rows."""
+def test_long_prefills_read_their_chunk_through_tma_and_match_reference() -> None:
+    """A prefill that does not split reads its chunk's keys through tensor descriptors
+    with the deeper pipeline (exact on q-blocks that cross the diagonal mid-tile, over a
+    prefix); one that splits reads the cache with the plain prefill tile."""
     b = make_paged_batch([(0, 130), (20, 140)], block_size=16, num_kv_heads=1, group=2,
                          head_size=64, dtype=torch.bfloat16, device=DEVICE, seed=17)
     kwargs = dict(num_heads=2, num_kv_heads=1, max_query_len=140, max_seq_len=160,
                   device=torch.device(DEVICE), head_size=64, element_size=2)
     config = select_config(num_tokens=270, num_seqs=2, num_kv_splits=1, **kwargs)
-    assert config.block_m == tlc.PREFILL_LARGE_BLOCK_M
-    assert select_config(num_tokens=270, num_seqs=130, num_kv_splits=1,
-                         **kwargs).block_m == tlc.PREFILL_BLOCK_M
-    # A grid that split-KV would fill gets the 128-row family instead (no 256-row splits).
-    assert select_config(num_tokens=270, num_seqs=2, num_kv_splits=2,
-                         **kwargs).block_m == tlc.PREFILL_BLOCK_M
+    assert config.new_kv == 2 and config.num_stages == tlc.PREFILL_DENSE_STAGES
+    assert config.block_m == tlc.PREFILL_BLOCK_M
+    split = select_config(num_tokens=270, num_seqs=2, num_kv_splits=2, **kwargs)
+    assert split.new_kv == 0 and split.num_stages == tlc.PREFILL_STAGES
+    # float32 caches and padded heads were not measured through TMA: pointers.
+    assert select_config(num_tokens=270, num_seqs=2, num_kv_splits=1,
+                         **{**kwargs, "element_size": 4}).new_kv == 1
+    assert select_config(num_tokens=270, num_seqs=2, num_kv_splits=1,
+                         **{**kwargs, "head_size": 80}).new_kv == 1
     _write_cache_both_ways(b)
     ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                     b.seq_lens, b.query_start_loc, b.scale)
-    out = torch.full_like(b.query, float("nan"))
-    tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
-                                 b.seq_lens, b.query_start_loc, out, b.scale, config)
-    _check_close(out, ref, torch.bfloat16)
+    for cfg in (config, split):
+        out = torch.full_like(b.query, float("nan"))
+        tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                     b.seq_lens, b.query_start_loc, out, b.scale, cfg,
+                                     key=b.key, value=b.value)
+        _check_close(out, ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("new_kv", [1, 2], ids=["pointers", "descriptors"])
