@@ -9,6 +9,9 @@ timed as a loop of calls between two device synchronizations, in alternating rou
 drift of the clocks shows as spread, not as a ratio. The metadata is built once, outside
 the timing (it is the same host work for both paths).
 
+``--sweep`` also times the kernel alone (device time, L2 flushed, triton's ``do_bench``)
+under several tilings, and checks they all return the same tokens.
+
 The run also checks the kernel on the device it measured: greedy rows equal ``argmax``
 exactly, and a chi-square test of many draws of one small row against
 ``softmax(x / T)``, with the same test at a wrong temperature as its control.
@@ -17,6 +20,7 @@ exactly, and a chi-square test of many draws of one small row against
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -38,6 +42,9 @@ from minivllm.sampling_params import SamplingParams
 # A small row with well separated probabilities, for the on-device chi-square check.
 CHECK_LOGITS = (2.0, 1.6, 1.1, 0.9, 0.3, -0.2, -0.9, -1.5)
 CHECK_TEMPERATURE, WRONG_TEMPERATURE = 0.7, 0.8
+# --sweep: (4-column groups per block, blocks per program, warps).
+SWEEP = ((512, 4, 8), (512, 2, 8), (512, 8, 8), (256, 4, 4), (256, 8, 4), (1024, 2, 8),
+         (1024, 4, 16), (512, 4, 4))  # fmt: skip
 
 
 def add_sampler_args(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +58,8 @@ def add_sampler_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per side")
     parser.add_argument("--check-draws", type=int, default=65536,
                         help="draws of the on-device chi-square check")  # fmt: skip
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time the kernel alone under several tilings")  # fmt: skip
 
 
 def _metadata(n: int, temperature: float, device: torch.device, vocab: int):
@@ -68,6 +77,40 @@ def _time_side(sampler: Sampler, logits: torch.Tensor, md, iters: int) -> float:
     if logits.is_cuda:
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / iters * 1e6
+
+
+def sweep_tilings(logits: torch.Tensor, temperature: float) -> dict[str, Any]:
+    """The kernel alone under each ``SWEEP`` tiling: microseconds per call (device time
+    on a GPU) and whether every tiling returned the default's tokens."""
+    import triton
+    import triton.testing
+
+    from minivllm.sample.gumbel import GumbelLaunchConfig, gumbel_launch_config, gumbel_sample
+
+    rows, vocab = logits.shape
+    device = logits.device
+    temps = torch.full((rows,), temperature, device=device)
+    keys = torch.arange(rows, dtype=torch.int64, device=device) * 7919 + 1
+    positions = torch.full((rows,), 100, dtype=torch.int64, device=device)
+    default = gumbel_launch_config(vocab, interpreted=device.type != "cuda")
+    reference = gumbel_sample(logits, temps, keys, positions, default)[0]
+    results, same = [], True
+    # A small vocabulary (the CPU smoke test) caps the blocks at its own width.
+    widest = max(1, triton.next_power_of_2(vocab) // 4)
+    capped = ((min(g, widest), b, w) for g, b, w in SWEEP)
+    tilings = dict.fromkeys((g, min(b, triton.cdiv(vocab, 4 * g)), w) for g, b, w in capped)
+    for groups, blocks, warps in tilings:
+        split = 4 * groups * blocks
+        cfg = GumbelLaunchConfig(groups, split, -(-vocab // split), 1, warps)
+        fn = functools.partial(gumbel_sample, logits, temps, keys, positions, cfg)
+        start = time.perf_counter()
+        same &= bool(torch.equal(fn()[0], reference))
+        us = (time.perf_counter() - start) * 1e6  # the interpreter: one call is enough
+        if logits.is_cuda:
+            us = float(triton.testing.do_bench(fn, return_mode="median")) * 1e3
+        results.append({"groups": groups, "blocks_per_program": blocks, "num_warps": warps,
+                        "default": cfg == default, "us_per_call": us})  # fmt: skip
+    return {"tilings": results, "same_tokens_every_tiling": same}
 
 
 def _chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -134,6 +177,13 @@ def run_sampler_bench(args: argparse.Namespace) -> dict[str, Any]:
         "logits_read_us_at_copy_bandwidth": read_us,
         "checks": device_checks(device, vocab, args.check_draws, gen),
     }
+    if args.sweep:
+        result["sweep"] = sweep_tilings(logits, args.temperature)
+        for t in result["sweep"]["tilings"]:
+            print(f"  tiling groups={t['groups']} blocks={t['blocks_per_program']} "
+                  f"warps={t['num_warps']}{' (default)' if t['default'] else ''}: "
+                  f"{t['us_per_call']:.1f} us", flush=True)  # fmt: skip
+        print(f"  same tokens under every tiling: {result['sweep']['same_tokens_every_tiling']}")
     print(f"sampler at [{rows}, {vocab}] {args.dtype}, T={args.temperature}: greedy "
           f"{us['greedy']:.0f} us, general {us['general']:.0f} us, one-pass kernel "
           f"{us['gumbel']:.0f} us per call (x{result['general_over_gumbel']:.2f}); one read "

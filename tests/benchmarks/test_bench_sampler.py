@@ -19,12 +19,13 @@ from minivllm.cli import main
 )
 def test_bench_sampler_records_both_paths_and_checks(tmp_path) -> None:
     out = tmp_path / "sampler.json"
-    tiny = ["--num-rows", "4", "--vocab-size", "64", "--iters", "2", "--rounds", "1"]
+    tiny = ["--num-rows", "4", "--vocab-size", "64", "--iters", "2", "--rounds", "1", "--sweep"]
     main(["bench", "sampler", *tiny, "--check-draws", "4096", "--allow-cpu", "--output", str(out)])
     result = json.loads(out.read_text())
     assert "bench sampler" in result["command"]
     assert set(result["us_per_call"]) == {"greedy", "general", "gumbel"}
     assert result["general_over_gumbel"] > 0
+    assert result["sweep"]["same_tokens_every_tiling"] and len(result["sweep"]["tilings"]) > 1
     checks = result["checks"]
     assert checks["greedy_rows_equal_argmax"]
     assert checks["chi_square_pvalue_at_0.7"] > 1e-3 > checks["chi_square_pvalue_drawn_at_0.8"]
