@@ -201,7 +201,7 @@ def test_decode_layer_kernel_launches(arch, switches_off, expected, tmp_path, mo
     runner = PagedForward(model, num_seqs=1)
     mode = _KernelOps(model.model.layers[1])
     with CustomOp.force("cuda"):
-        runner.step([PROMPTS[0]])
+        runner.step([PROMPTS[0][:2]])
         mode.ops.clear()  # the prefill ran through the hooks outside the mode
         with mode:
             runner.step([[NEXT_TOKENS[0]]])
