@@ -184,19 +184,24 @@ class GumbelLaunchConfig:
     num_warps: int
 
 
-def gumbel_launch_config(vocab_size: int, interpreted: bool = False) -> GumbelLaunchConfig:
+def gumbel_launch_config(
+    vocab_size: int, interpreted: bool = False, num_rows: int = 512
+) -> GumbelLaunchConfig:
     """2,048-column blocks, four per program: Qwen3's 151,936 columns make 19 programs a
     row, 4,864 for 256 rows, enough loads in flight on every SM. One row per program on
     a GPU; the interpreter (``interpreted``) pays per operation, not per element, so
-    there a program takes 512 rows at once."""
+    there a program takes up to 512 of the ``num_rows`` rows at once (the interpreter
+    compiles nothing, so a tiling that follows the batch costs nothing there)."""
     block = min(2048, max(16, triton.next_power_of_2(vocab_size)))
     blocks_per_split = min(4, triton.cdiv(vocab_size, block))
     split_size = block * blocks_per_split
+    # Triton's largest tile is 2**20 elements.
+    rows = min(512, triton.next_power_of_2(num_rows), 2**20 // block)
     return GumbelLaunchConfig(
         groups=block // 4,
         split_size=split_size,
         num_splits=triton.cdiv(vocab_size, split_size),
-        block_rows=512 if interpreted else 1,
+        block_rows=rows if interpreted else 1,
         num_warps=8 if block >= 2048 else 4,
     )
 
@@ -224,7 +229,7 @@ def gumbel_sample(
     """
     num_rows, vocab_size = logits.shape
     device = logits.device
-    cfg = config or gumbel_launch_config(vocab_size, interpreted=device.type != "cuda")
+    cfg = config or gumbel_launch_config(vocab_size, device.type != "cuda", num_rows)
     best_score = torch.empty(num_rows, cfg.num_splits, dtype=torch.float32, device=device)
     best_token = torch.empty(num_rows, cfg.num_splits, dtype=torch.int32, device=device)
     row_max = torch.empty(num_rows, cfg.num_splits, dtype=torch.float32, device=device)

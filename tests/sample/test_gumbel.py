@@ -200,3 +200,52 @@ def test_sampler_kernel_path_matches_distribution_and_flags() -> None:
     # Two steps draw different noise: fresh keys per step.
     again = sampler(logits, md).sampled_token_ids
     assert not torch.equal(again, out.sampled_token_ids)
+
+
+def _count_kernel_calls(runner, on: bool | None) -> None:
+    """Switch the engine's kernel on (or back to its default) and count its calls."""
+    sampler = runner.sampler
+    sampler.use_gumbel_kernel = on
+    sampler.kernel_calls = 0
+    if "gumbel_sample" not in vars(sampler):
+        plain = sampler.gumbel_sample
+
+        def counted(*args, **kwargs):
+            sampler.kernel_calls += 1
+            return plain(*args, **kwargs)
+
+        sampler.gumbel_sample = counted
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the shared test LLM runs on the CPU")
+def test_engine_seeded_request_alone_batched_and_synchronous(llm) -> None:
+    """Through the engine with the kernel on: a seeded temperature-only request gets the
+    same tokens alone, in a batch beside greedy, top-k, penalty and unseeded requests,
+    and with async scheduling off (its position counts the token in flight)."""
+    llm.collective_rpc(_count_kernel_calls, args=(True,))
+    core = llm.llm_engine.engine_core.engine_core
+    was_async = core.async_scheduling
+    try:
+        seeded = SamplingParams(temperature=0.8, seed=42, max_tokens=12, ignore_eos=True)
+        others = [
+            SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
+            SamplingParams(temperature=1.0, top_k=5, seed=3, max_tokens=14, ignore_eos=True),
+            SamplingParams(temperature=0.9, repetition_penalty=1.3, max_tokens=5),
+            SamplingParams(temperature=0.7, max_tokens=12, ignore_eos=True),
+        ]
+        prompts = ["the cat", "hello world", "a b c d e f", "q", "one two three"]
+
+        def tokens(prompt_list, params):
+            outs = llm.generate(prompt_list, params, use_tqdm=False)
+            return [list(o.outputs[0].token_ids) for o in outs]
+
+        alone = tokens(["hello world"], seeded)[0]
+        batched = tokens(prompts, [others[0], seeded, *others[1:]])[1]
+        core.async_scheduling = not was_async
+        other_mode = tokens(prompts[1:3], [seeded, others[1]])[0]
+        assert alone == batched == other_mode
+        assert len(set(alone)) > 1  # it really is sampling
+        assert llm.collective_rpc(lambda runner: runner.sampler.kernel_calls)[0] > 0
+    finally:
+        core.async_scheduling = was_async
+        llm.collective_rpc(_count_kernel_calls, args=(None,))
