@@ -64,20 +64,21 @@ PREFILL_VARIANTS: tuple[tuple[str, AttentionLaunchConfig | None], ...] = (
     ("tma 64x64 w4 s3", AttentionLaunchConfig(64, 64, 4, 3, 1, new_kv=2)),
     ("paged 128x128 s3", AttentionLaunchConfig(128, 128, 8, 3, 1)),
 )
-# Decode: with 16-row tiles (mma.sync) and a block-table load before each K/V load,
-# Triton 3.6 keeps one K/V buffer below 5 stages (no prefetch; compiled for sm_90
-# offline), so the candidates are deeper pipelines, or 64-row tiles (wgmma), which
-# double-buffer at 2-3 stages. (block_m, tile_n, warps, stages, segments, fused merge).
+# Decode. The first third-round run (kernel_variants3.json) found every configuration
+# that fits one wave at ~50 us on 1 x 32,768, whatever its pipeline depth, while 8 x 32,768
+# (programs 8x longer) reaches the copy bandwidth: the cost is per program. So: fewer,
+# longer segments with more bytes in flight each (wider tiles, 8 warps, deeper
+# pipelines), and the reduce kernel against the fused merge.
+# (block_m, tile_n, warps, stages, segments, fused merge).
 DECODE_VARIANTS = {
     (1, 32768): (
-        (16, 64, 4, 5, 32, True), (16, 64, 4, 5, 64, True), (16, 128, 4, 5, 32, True),
-        (16, 128, 4, 5, 64, True), (64, 64, 4, 3, 32, True), (64, 64, 4, 3, 64, True),
-        (64, 128, 4, 2, 32, True), (16, 32, 4, 6, 64, True),
+        (16, 64, 4, 2, 64, False), (16, 64, 4, 2, 32, True), (16, 64, 4, 2, 16, True),
+        (16, 64, 4, 5, 16, True), (16, 128, 8, 5, 16, True), (16, 128, 8, 5, 32, True),
+        (16, 128, 4, 3, 32, True), (16, 64, 8, 2, 64, True), (16, 128, 8, 3, 16, True),
+        (16, 256, 8, 2, 16, True),
     ),
-    (1, 512): ((16, 64, 4, 5, 4, False), (16, 64, 4, 5, 8, False), (64, 64, 4, 3, 4, False),
-               (64, 64, 4, 3, 8, False)),
-    (8, 512): ((16, 64, 4, 5, 4, False), (16, 64, 4, 5, 2, False), (64, 64, 4, 3, 4, False),
-               (64, 64, 4, 3, 2, False)),
+    (1, 512): ((16, 128, 8, 5, 4, False), (16, 64, 8, 2, 4, False)),
+    (8, 512): ((16, 128, 8, 5, 4, False), (16, 64, 8, 2, 4, False)),
 }
 
 
