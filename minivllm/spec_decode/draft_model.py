@@ -41,7 +41,7 @@ from torch import nn
 
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.utils.math_utils import cdiv
-from minivllm.utils.torch_utils import copy_to_device
+from minivllm.utils.torch_utils import copy_arrays_to_device
 
 
 @dataclass
@@ -160,7 +160,24 @@ class DraftModelProposer:
         if num_accepted is not None:
             num_rejected = np.maximum(num_rejected - np.array(num_accepted, np.int64), 0)
         plan = self._plan(batch, input_ids.shape[0], num_rejected)
-        src, positions, slots, sample_idx, chain_pos, chain_slots = copy_to_device(
+        num_seqs = plan.chain_table.shape[0]
+        # One host-to-device copy for the whole proposal (int64 for ids, positions and
+        # slots, int32 for the attention kernel's tables), the chain's metadata included.
+        i64, i32 = np.int64, np.int32
+        (
+            src,
+            positions,
+            slots,
+            sample_idx,
+            chain_pos,
+            chain_slots,
+            table,
+            seq_lens,
+            query_start_loc,
+            chain_table,
+            chain_seq_lens,
+            chain_query_start_loc,
+        ) = copy_arrays_to_device(
             [
                 plan.src,
                 plan.positions,
@@ -168,13 +185,14 @@ class DraftModelProposer:
                 plan.sample_idx,
                 plan.chain_pos,
                 plan.chain_slots,
+                plan.table,
+                plan.seq_lens,
+                plan.query_start_loc,
+                plan.chain_table,
+                plan.chain_pos + 1,
+                np.arange(num_seqs + 1),
             ],
-            np.int64,
-            self.device,
-        )
-        table, seq_lens, query_start_loc, chain_table, chain_seq_lens = copy_to_device(
-            [plan.table, plan.seq_lens, plan.query_start_loc, plan.chain_table, plan.chain_pos + 1],
-            np.int32,
+            [i64] * 6 + [i32] * 6,
             self.device,
         )
         tokens = torch.cat([input_ids, next_token_ids.clamp(min=0)])[src]
@@ -186,12 +204,10 @@ class DraftModelProposer:
             max_query_len=plan.max_query_len,
             max_seq_len=int(plan.seq_lens.max()),
         )
-        num_seqs = plan.chain_table.shape[0]
         if catch_up_only:
             self._run(tokens, positions, meta)
             return torch.empty((num_seqs, 0), dtype=torch.long, device=self.device)
         drafts = [self._greedy(tokens, positions, meta, sample_idx)]
-        chain_query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=self.device)
         for j in range(self.k - 1 if num_seqs else 0):
             meta = AttentionMetadata(
                 slot_mapping=chain_slots[j],
@@ -229,7 +245,7 @@ class DraftModelProposer:
         return _DraftPlan(
             src=src,
             positions=positions,
-            slots=self._slots(table[req_idx], positions),
+            slots=self._slots(table, req_idx, positions),
             sample_idx=cu_query[1:][rows] - 1,
             table=table,
             seq_lens=batch.num_computed + query_len,
@@ -237,9 +253,7 @@ class DraftModelProposer:
             max_query_len=int(query_len.max()),
             chain_pos=chain_pos,
             chain_table=table[rows],
-            chain_slots=self._slots(
-                np.broadcast_to(table[rows], (*chain_pos.shape, table.shape[1])), chain_pos
-            ),
+            chain_slots=self._slots(table, rows[None, :], chain_pos),
         )
 
     def _greedy(
@@ -283,8 +297,8 @@ class DraftModelProposer:
         )
         return np.where(past >= 0, scratch, table)
 
-    def _slots(self, table: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Cache slot of each position, given the block-table row of each position."""
+    def _slots(self, table: np.ndarray, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Cache slot of each position, given the block-table row of each (``rows``
+        broadcasts against ``positions``)."""
         bs = self.block_size
-        block = np.take_along_axis(table, (positions // bs)[..., None], axis=-1)[..., 0]
-        return block * bs + positions % bs
+        return table[rows, positions // bs] * bs + positions % bs
