@@ -140,7 +140,9 @@ def instrument(llm: Any) -> tuple[dict[str, float], list[str]]:
         _wrap(drafter, "_run", totals, "draft_forward", stack)
         _wrap(drafter.model, "compute_logits", totals, "draft_forward", stack)
         # The module-level helper as draft_model.py sees it (its own import).
-        _wrap(draft_module, "copy_to_device", totals, "draft_copies", stack)
+        for helper in ("copy_to_device", "copy_arrays_to_device"):  # before/after d502336
+            if hasattr(draft_module, helper):
+                _wrap(draft_module, helper, totals, "draft_copies", stack)
     original_get = runner_module.AsyncOutput.get_output
 
     def get_output(handle: Any) -> Any:
