@@ -104,6 +104,7 @@ def _plot_sweep(sweep: dict | None, throughput: dict | None, ax) -> None:
     for name, label in (
         ("ngram", f"n-gram k={sweep['k']}"),
         ("ngram_threshold", f"... with disable_by_batch_size={sweep.get('disable_by_batch_size')}"),
+        ("off_again", "off again, last (drift)"),
     ):
         if rows and name in rows[0]:
             ax.plot(sizes, [r[name]["ratio_over_off"] for r in rows], marker="o", label=label)
