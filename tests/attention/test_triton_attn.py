@@ -357,7 +357,8 @@ def test_long_prefills_read_their_chunk_through_tma_and_match_reference() -> Non
     kwargs = dict(num_heads=2, num_kv_heads=1, max_query_len=140, max_seq_len=160,
                   device=torch.device(DEVICE), head_size=64, element_size=2)
     config = select_config(num_tokens=270, num_seqs=2, num_kv_splits=1, **kwargs)
-    assert config.new_kv == 2 and config.num_stages == tlc.PREFILL_DENSE_STAGES
+    if tlc.tma_available(torch.device(DEVICE)):  # Hopper, or the interpreter
+        assert config.new_kv == 2 and config.num_stages == tlc.PREFILL_DENSE_STAGES
     assert config.block_m == tlc.PREFILL_BLOCK_M
     split = select_config(num_tokens=270, num_seqs=2, num_kv_splits=2, **kwargs)
     assert split.new_kv == 0 and split.num_stages == tlc.PREFILL_STAGES
