@@ -182,6 +182,9 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
             if isinstance(run, dict):
                 run["fraction_of_roofline"] = (
                     run["output_tokens_per_s"] / roof.max_output_tokens_per_s)
+    # Written now and again at the end: a run stopped by a time limit during the
+    # optional stages below still leaves its main figures.
+    write_json(Path(args.output), result)
     if args.compare_sync and llm.llm_engine.engine_core.engine_core.async_scheduling:
         result["sync"] = compare_sync(llm, workload, seconds)
     if args.profile_dir:
