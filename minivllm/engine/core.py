@@ -19,6 +19,7 @@ from typing import Any
 from minivllm.config import VllmConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_cache_utils import get_request_block_hasher
+from minivllm.core.sched_async_spec import DRAFT_PLACEHOLDER
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.step_record import StepRecord, StepRecorder
@@ -94,9 +95,10 @@ class EngineCore:
             logger.info(
                 "speculative decoding: %s, up to %d draft tokens per request and step "
                 "(verification steps replay CUDA graphs; requests with logprobs get one "
-                "row per kept token; async scheduling is off)",
+                "row per kept token; async scheduling is %s)",
                 spec.method,
                 spec.num_speculative_tokens,
+                "on" if vllm_config.scheduler_config.async_scheduling else "off",
             )
         self._block_hasher = (
             get_request_block_hasher(cache_config.block_size)
@@ -203,8 +205,9 @@ class EngineCore:
         ``EngineDeadError``.
         """
         outputs: list[EngineCoreOutput] = []
-        # The tracer pictures the KV cache as each step left it, so it runs in step.
-        run_ahead = self.async_scheduling and self.tracer is None
+        # The tracer pictures the KV cache as each step left it, so it runs in step; an
+        # n-gram proposer needs each step's tokens on the host before the next step.
+        run_ahead = self.async_scheduling and self.tracer is None and self.drafter is None
         if not run_ahead:
             self._drain(outputs)
         if self.scheduler.has_unfinished_requests():
@@ -301,6 +304,8 @@ class EngineCore:
                 outputs.append(self._make_output(request, None, runner_output))
         if self.speculating:
             self._propose_drafts(runner_output)
+            if self._in_flight is not None:
+                _fill_drafts_in_flight(self._in_flight[0], runner_output)
 
     def _propose_drafts(self, runner_output: ModelRunnerOutput) -> None:
         """Drafts for the next step of every request about to decode: the n-gram
@@ -377,6 +382,24 @@ class EngineCore:
             out.finish_reason = _FINISH_REASONS[request.status]
             out.stop_reason = request.stop_reason
         return out
+
+
+def _fill_drafts_in_flight(in_flight: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
+    """Write the drafts a step proposed into the step in flight that verifies them.
+
+    With async scheduling and a draft model, the step in flight was scheduled before
+    these drafts reached the host: its requests carry ``DRAFT_PLACEHOLDER``s there (the
+    runner took the values from the device). The scheduler needs the values when it
+    applies that step's result (the accepted drafts become output tokens).
+    """
+    proposed = runner_output.draft_token_ids
+    if proposed is None:
+        return
+    by_id = dict(zip(runner_output.req_ids, proposed))
+    for s in in_flight.scheduled:
+        drafts = by_id.get(s.request_id)
+        if drafts is not None and s.spec_token_ids and s.spec_token_ids[0] == DRAFT_PLACEHOLDER:
+            s.spec_token_ids = list(drafts[: len(s.spec_token_ids)])
 
 
 def _check_pool_fits_one_request(num_blocks: int, block_size: int, max_model_len: int) -> None:
