@@ -22,6 +22,7 @@ import minivllm.core.scheduler as scheduler_module
 from minivllm import LLM, SamplingParams
 from minivllm.core.sched_async_spec import DRAFT_PLACEHOLDER
 from minivllm.engine.arg_utils import EngineArgs
+from minivllm.worker.cuda_graph import VERIFY
 from tests.engine.test_llm_engine import _workload
 from tests.spec_decode.test_draft_model import (
     MAX_MODEL_LEN,
@@ -217,3 +218,46 @@ def test_async_scheduling_defaults_on_with_a_draft_model_only(pair, caplog) -> N
     config.async_scheduling = True
     with pytest.raises(ValueError, match="async_scheduling=True"):
         config.create_engine_config()
+
+
+def _replays(runner) -> dict[str, int]:
+    return dict(runner.cuda_graph_runner.num_replays)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_with_cuda_graphs() -> None:
+    """On a GPU with CUDA graphs (verify graphs for the target, the draft's own): the demo
+    model with its shipped draft gives the same greedy and seeded tokens, and the same
+    statistics, with async scheduling on and off, and the greedy tokens of no speculation.
+    float32, as test_draft_model's GPU test: a verification scores several tokens of a
+    request in one pass, and bfloat16 may break a near-tie differently."""
+    from minivllm.demo import demo_draft_path, demo_model_path
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prompts = ["In the beginning", "And God said", "The LORD is my shepherd", "Blessed are"]
+    params = [SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)] * 3
+    params.append(SamplingParams(temperature=0.8, seed=7, max_tokens=40, ignore_eos=True))
+    args = dict(device="cuda", dtype="float32", max_model_len=256, num_kv_blocks=256)
+    args.update(max_num_seqs=8, max_num_batched_tokens=256, enforce_eager=False)
+    runs, stats = {}, {}
+    for name, async_scheduling in (("off", None), ("sync", False), ("async", True)):
+        spec = None if async_scheduling is None else draft_model(demo_draft_path(), 3)
+        llm = LLM(
+            str(demo_model_path()),
+            speculative_config=spec,
+            async_scheduling=async_scheduling,
+            **args,
+        )
+        in_flight = _count_drafts_in_flight(llm)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs[name] = [o.outputs[0].token_ids for o in outs]
+        stats[name] = llm.llm_engine.stats.spec_decoding_stats
+        assert (in_flight[0] > 0) == bool(async_scheduling), in_flight
+        if spec is not None:  # the target's verification steps replayed verify graphs
+            assert llm.collective_rpc(_replays)[0][VERIFY] > 0
+        del llm
+        torch.cuda.empty_cache()
+    assert runs["async"] == runs["sync"]
+    assert runs["async"][:3] == runs["off"][:3]
+    assert stats["async"] == stats["sync"] and stats["sync"].num_accepted_tokens > 0
