@@ -17,7 +17,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.sampling_params import SamplingParams
 
 # Benchmarks whose default workload needs a GPU: refused on a CPU without --allow-cpu.
-GPU_BENCHES = ("throughput", "latency", "prefix", "spec", "tp")
+GPU_BENCHES = ("throughput", "latency", "prefix", "spec", "tp", "sampler")
 
 
 def sampling_flag(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -160,6 +160,7 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
         kernel,
         latency,
         prefix,
+        sampler,
         serve,
         soak,
         spec_decode,
@@ -184,6 +185,8 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
          spec_decode.add_spec_args, spec_decode.run_spec_bench),
         ("tp", "tensor parallelism: TP=1 vs TP=N on a Qwen3-8B shape, throughput and equality",
          tensor_parallel.add_tp_args, tensor_parallel.run_tp_bench),
+        ("sampler", "the sampler alone at temperature: general path vs the one-pass kernel",
+         sampler.add_sampler_args, sampler.run_sampler_bench),
     ]
     for name, help_text, add_args, run in commands:
         p = bench_sub.add_parser(name, help=help_text)

@@ -143,6 +143,11 @@ class SpeculativeConfig:
         prompt_lookup_max: Longest suffix n-gram matched; n-gram only.
         model: The draft model's folder (``config.json`` + ``*.safetensors``); draft
             model only. It must share the target's vocabulary.
+        disable_by_batch_size: Speculate only in steps of at most this many requests
+            (None: always). A step that schedules more requests proposes no drafts, so
+            the next step verifies none; below the threshold speculation resumes by
+            itself. The name is vLLM v0's (``speculative_disable_by_batch_size``); v1 at
+            the pinned commit has no such switch (see the chapter).
         draft_model_config: The draft's resolved ``ModelConfig``, filled in by
             ``EngineArgs`` once the target's is known (not a user key).
     """
@@ -152,6 +157,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     model: str | None = None
+    disable_by_batch_size: int | None = None
     draft_model_config: ModelConfig | None = field(default=None, repr=False)
 
     METHODS: ClassVar[tuple[str, ...]] = ("ngram", "draft_model")
@@ -164,6 +170,12 @@ class SpeculativeConfig:
             raise ValueError(
                 f"speculative_config: method must be one of {list(self.METHODS)}, got "
                 f"{self.method!r}"
+            )
+        limit = self.disable_by_batch_size
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise ValueError(
+                "speculative_config.disable_by_batch_size must be a positive integer or "
+                f"None, got {limit!r}"
             )
         if self.method == "draft_model":
             self._check_draft_model_fields()
@@ -190,6 +202,12 @@ class SpeculativeConfig:
                 f"speculative_config: prompt_lookup_min={self.prompt_lookup_min} must be <= "
                 f"prompt_lookup_max={self.prompt_lookup_max}"
             )
+
+    def speculates_at(self, batch_size: int) -> bool:
+        """Whether a step of ``batch_size`` scheduled requests proposes drafts for the
+        next one (``disable_by_batch_size``). The engine (n-gram) and the workers (draft
+        model) both ask it with the same step's count, so they always agree."""
+        return self.disable_by_batch_size is None or batch_size <= self.disable_by_batch_size
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SpeculativeConfig:

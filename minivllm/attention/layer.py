@@ -85,5 +85,7 @@ class Attention(nn.Module):
             self.scale,
             max_query_len=attn_metadata.max_query_len,
             max_seq_len=attn_metadata.max_seq_len,
+            key=k,
+            value=v,
         )
         return out.view(num_tokens, self.num_heads * self.head_size)

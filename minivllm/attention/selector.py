@@ -38,6 +38,8 @@ class PagedAttention(Protocol):
 
     The keyword-only hints are host-side facts the engine already knows; a backend may
     use them to pick a launch configuration without reading the device, or ignore them.
+    ``key``/``value`` are this step's keys and values, already written to the cache: a
+    backend may read the query chunk's own keys from them instead of the cache.
     """
 
     def __call__(
@@ -52,6 +54,8 @@ class PagedAttention(Protocol):
         *,
         max_query_len: int | None = None,
         max_seq_len: int | None = None,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -126,8 +130,11 @@ def _reference_paged_attention(
     *,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The torch oracle behind the backend signature (it needs no launch hints)."""
+    """The torch oracle behind the backend signature (it needs no launch hints, and reads
+    every key from the cache)."""
     from minivllm.attention import reference
 
     return reference.paged_attention(

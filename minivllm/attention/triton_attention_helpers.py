@@ -94,6 +94,46 @@ def online_softmax_update(scores, qk_scale, m_prev, l_prev):
 
 
 @triton.jit
+def fold_kv_tile(
+    acc,
+    m,
+    l,  # noqa: E741 - the usual name
+    q,
+    k,
+    v,
+    visible,
+    qk_scale,
+    P_DTYPE: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    """Fold one loaded ``[keys, head]`` K and V tile into the running state ``(acc, m, l)``.
+
+    ``visible`` (``[rows, keys]``) is only read for ``MASKED`` tiles. K is transposed
+    inside the dot: Triton then lays the tile out in shared memory as the tensor cores
+    want it (loading it pre-transposed was 1.3x slower on the H200 for prefill,
+    docs/benchmarks/perf2/kernel_variants.json). P @ V accumulates into the rescaled
+    ``acc`` in place (the dot's accumulator operand), as the tensor cores do.
+    """
+    if UPCAST_DOT:
+        # Only under TRITON_INTERPRET=1: the interpreter multiplies bfloat16 operands as
+        # the raw 16-bit integers it stores them in. Widening first is exact (a product
+        # of two bf16 values fits in float32, as on the tensor cores).
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if MASKED:
+        scores = tl.where(visible, scores, float("-inf"))
+    m, l, p, alpha = online_softmax_update(scores, qk_scale, m, l)  # noqa: E741
+    # P is rounded to the cache dtype (bf16) to feed the tensor cores, as FlashAttention
+    # does; the accumulator stays float32.
+    p = p.to(P_DTYPE).to(v.dtype)
+    acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, m, l
+
+
+@triton.jit
 def attend_tile(
     acc,
     m,
@@ -118,14 +158,11 @@ def attend_tile(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
-    """Fold key tile ``tile`` into the running state ``(acc, m, l)`` of the Q tile.
+    """Fold cached key tile ``tile`` (read through the block table) into ``(acc, m, l)``.
 
     ``MASKED`` tiles cross the causal diagonal or the end of the context and need the
     per-element visibility test; every other tile is wholly visible to every row, so its
-    loads and scores go unmasked (most of a long prefill's tiles). K is loaded like V,
-    ``[keys, head]``, and transposed inside the dot: Triton then lays the tile out in
-    shared memory as the tensor cores want it (loading it pre-transposed was 1.3x slower
-    on the H200, docs/benchmarks/perf2/kernel_variants.json).
+    loads and scores go unmasked (most of a long prefill's tiles).
     """
     offsets, key_pos, key_mask = kv_tile_offsets(
         block_table_row_ptr,
@@ -140,19 +177,92 @@ def attend_tile(
     )
     k = load_kv_tile(k_cache_ptr, offsets, key_mask, MASKED, HEAD_SIZE, HEAD_PAD)
     v = load_kv_tile(v_cache_ptr, offsets, key_mask, MASKED, HEAD_SIZE, HEAD_PAD)
-    if UPCAST_DOT:
-        # Only under TRITON_INTERPRET=1: the interpreter multiplies bfloat16 operands as
-        # the raw 16-bit integers it stores them in. Widening first is exact (a product
-        # of two bf16 values fits in float32, as on the tensor cores).
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    if MASKED:
-        visible = key_mask[None, :] & (key_pos[None, :] <= q_pos[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
-    m, l, p, alpha = online_softmax_update(scores, qk_scale, m, l)  # noqa: E741
-    # P is rounded to the cache dtype (bf16) to feed the tensor cores, as FlashAttention
-    # does; the accumulator stays float32.
-    p = p.to(v_cache_ptr.dtype.element_ty).to(v.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
-    return acc, m, l
+    visible = key_mask[None, :] & (key_pos[None, :] <= q_pos[:, None])
+    return fold_kv_tile(
+        acc, m, l, q, k, v, visible, qk_scale, v_cache_ptr.dtype.element_ty, MASKED,
+        DOT_PRECISION, UPCAST_DOT,
+    )
+
+
+@triton.jit
+def load_new_kv_tile(
+    ptr,
+    desc,
+    first_row,
+    row_end,
+    kv_head,
+    stride_tok,
+    MASKED: tl.constexpr,
+    USE_DESC: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+):
+    """Rows ``first_row ..`` of this step's contiguous ``[tokens, kv_heads, head]`` key or
+    value tensor, one KV head: ``[TILE_N, HEAD_PAD]``, no block table in the way.
+
+    With ``USE_DESC`` the tile comes through a tensor descriptor (a TMA copy on Hopper:
+    one instruction per tile instead of an address per thread; rows past the tensor read
+    as zeros). Otherwise by pointers; ``MASKED`` tiles stop at ``row_end``.
+    """
+    if USE_DESC:
+        tile = desc.load([first_row, kv_head * HEAD_SIZE])
+    else:
+        rows = first_row + tl.arange(0, TILE_N)
+        dims = tl.arange(0, HEAD_PAD)
+        ptrs = ptr + rows.to(tl.int64)[:, None] * stride_tok + kv_head * HEAD_SIZE + dims[None, :]
+        if MASKED:
+            mask = (rows[:, None] < row_end) & (dims[None, :] < HEAD_SIZE)
+            tile = tl.load(ptrs, mask=mask, other=0.0)
+        elif HEAD_PAD != HEAD_SIZE:
+            tile = tl.load(ptrs, mask=dims[None, :] < HEAD_SIZE, other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def attend_new_tile(
+    acc,
+    m,
+    l,  # noqa: E741 - the usual name
+    q,
+    tok,
+    key_ptr,
+    value_ptr,
+    key_desc,
+    value_desc,
+    q_start,
+    new_end,
+    tile,
+    kv_head,
+    qk_scale,
+    stride_k_tok,
+    stride_v_tok,
+    P_DTYPE: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    USE_DESC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    """Fold tile ``tile`` of this step's own keys (the query chunk's, read densely from the
+    step's ``key``/``value`` tensors) into ``(acc, m, l)``.
+
+    Positions here are relative to the chunk: key ``r`` is the chunk's token ``r``, and
+    row token ``tok`` sees keys ``r <= tok`` (the causal mask); ``new_end`` is the number
+    of the chunk's keys this q-block may see.
+    """
+    first = q_start + tile * TILE_N
+    end = q_start + new_end
+    k = load_new_kv_tile(key_ptr, key_desc, first, end, kv_head, stride_k_tok, MASKED,
+                         USE_DESC, HEAD_SIZE, HEAD_PAD, TILE_N)
+    v = load_new_kv_tile(value_ptr, value_desc, first, end, kv_head, stride_v_tok, MASKED,
+                         USE_DESC, HEAD_SIZE, HEAD_PAD, TILE_N)
+    key_rel = tile * TILE_N + tl.arange(0, TILE_N)
+    visible = (key_rel[None, :] <= tok[:, None]) & (key_rel[None, :] < new_end)
+    return fold_kv_tile(
+        acc, m, l, q, k, v, visible, qk_scale, P_DTYPE, MASKED, DOT_PRECISION, UPCAST_DOT,
+    )

@@ -34,6 +34,9 @@ class AttentionLaunchConfig:
     num_stages: int
     num_segments: int  # 1 = no split-KV
     fused_reduce: bool = False  # split-KV: the last segment merges (no reduce launch)
+    # Where a prefill reads the chunk's own keys: 0 = the paged cache, 1 = this step's
+    # dense key/value tensors by pointers, 2 = the same through tensor descriptors (TMA).
+    new_kv: int = 0
 
 
 # Tuned on an H200 (see docs/benchmarks/kernel.json and the PagedAttention chapter).
@@ -44,19 +47,18 @@ DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES = 64, 4, 2
 DECODE_LARGE_BATCH = 128
 DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES = 128, 4, 3
 PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES = 128, 128, 8, 2
-# Above this query length a q-block uses the large prefill tile.
+# Above this query length a q-block uses the prefill tile.
 PREFILL_MIN_QUERY_LEN = 32
-# Batches whose queries average this many tokens or more (whole prefills, long chunks)
-# use twice the rows: each K/V tile then serves twice the queries, which halves the
-# traffic per FLOP (docs/benchmarks/perf2/kernel_variants.json). A decode-heavy mixed
-# batch keeps 128 rows, since most rows of its q-blocks would hold no query.
-PREFILL_LARGE_AVG_QUERY_LEN = 128
-PREFILL_LARGE_BLOCK_M, PREFILL_LARGE_TILE_N, PREFILL_LARGE_WARPS, PREFILL_LARGE_STAGES = (
-    256,
-    64,
-    8,
-    3,
-)
+# A prefill whose chunk keys come through TMA descriptors keeps three K/V tiles in flight:
+# 546 / 481 TFLOP/s on 1 x 8,192 / 4 x 4,096 against 443 / 416 with two, and against
+# 397 / 375 for the previous default, 256 x 64 tiles through the block table
+# (docs/benchmarks/perf2/kernel_variants3.json).
+PREFILL_DENSE_STAGES = 3
+# Where a prefill-sized launch (no split-KV) reads each chunk's own keys: 0 = the paged
+# cache, 1 = this step's dense key/value tensors by pointers, 2 = the same through TMA
+# tensor descriptors (Hopper; 1 elsewhere). The cached prefix always comes through the
+# block table.
+PREFILL_NEW_KV = 2
 # Shared memory the K/V pipeline may use: Triton keeps ``num_stages`` copies of a K and a
 # V tile in flight. H100/H200 allow 227 KiB per program; staying at 160 KiB leaves room for
 # Triton's own scratch (and for smaller GPUs).
@@ -98,29 +100,31 @@ def select_config(
     Decode-like batches (short queries) use the smallest row tile the tensor cores
     accept, 16 rows, because only ``group`` rows per sequence carry a real query, with
     longer key tiles from ``DECODE_LARGE_BATCH`` sequences on; long queries use 128-row
-    tiles to reuse each K/V tile across many queries, 256-row ones when every sequence
-    brings a long query (16-bit caches with heads up to 128, where they fit). Split-KV is
+    tiles to reuse each K/V tile across many queries, and read their chunk's own keys
+    from this step's dense key/value tensors (``new_kv``) unless they split. Split-KV is
     chosen by :func:`choose_num_segments` unless ``num_kv_splits`` forces it.
     """
     group = num_heads // num_kv_heads
     head_pad = triton.next_power_of_2(head_size)
-    long_queries = (
-        max_query_len >= PREFILL_MIN_QUERY_LEN
-        and num_tokens >= PREFILL_LARGE_AVG_QUERY_LEN * num_seqs
-        and element_size <= 2
-        and head_pad <= 128
-    )
-    # 256-row tiles only where they need no split-KV: one family fewer to compile.
-    for large in (True, False) if long_queries else (False,):
-        block_m, tile_n, warps, stages = _family_tiles(max_query_len, num_seqs, large)
-        block_m = max(block_m, triton.next_power_of_2(group))
-        if num_kv_splits is None:
-            active = max(num_seqs, triton.cdiv(num_tokens, block_m // group)) * num_kv_heads
-            segments = choose_num_segments(active, max_seq_len, num_multiprocessors(device))
-        else:
-            segments = num_kv_splits
-        if segments == 1:
-            break
+    block_m, tile_n, warps, stages = _family_tiles(max_query_len, num_seqs)
+    block_m = max(block_m, triton.next_power_of_2(group))
+    if num_kv_splits is None:
+        active = max(num_seqs, triton.cdiv(num_tokens, block_m // group)) * num_kv_heads
+        segments = choose_num_segments(active, max_seq_len, num_multiprocessors(device))
+    else:
+        segments = num_kv_splits
+    # A prefill-sized launch without split-KV reads each chunk's own keys densely:
+    # through TMA where the tile is a whole 16-bit head (what was measured), else by
+    # pointers.
+    new_kv = 0
+    if max_query_len >= PREFILL_MIN_QUERY_LEN and segments == 1:
+        new_kv = PREFILL_NEW_KV
+        if new_kv == 2 and not (
+            tma_available(device) and head_pad == head_size and element_size <= 2
+        ):
+            new_kv = 1
+        if new_kv == 2:
+            stages = PREFILL_DENSE_STAGES
     # Large heads or float32 would overflow shared memory with the bf16/d128 tiles tuned
     # above: halve the key tile, then the pipeline depth, until the stages fit.
     kv_tile_bytes = 2 * head_pad * element_size  # K + V, per key
@@ -138,18 +142,20 @@ def select_config(
         and num_seqs < DECODE_LARGE_BATCH
         and max_seq_len // segments >= FUSED_MERGE_MIN_TOKENS
     )
-    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments, fused)
+    return AttentionLaunchConfig(block_m, tile_n, warps, stages, segments, fused, new_kv)
 
 
-def _family_tiles(max_query_len: int, num_seqs: int, large: bool) -> tuple[int, int, int, int]:
+def tma_available(device: torch.device) -> bool:
+    """Whether tensor descriptors can be used: Hopper or newer (the interpreter emulates
+    them, so the CPU tests run the same path)."""
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _family_tiles(max_query_len: int, num_seqs: int) -> tuple[int, int, int, int]:
     """``(block_m, tile_n, num_warps, num_stages)`` of the batch's tile family."""
-    if max_query_len >= PREFILL_MIN_QUERY_LEN and large:
-        return (
-            PREFILL_LARGE_BLOCK_M,
-            PREFILL_LARGE_TILE_N,
-            PREFILL_LARGE_WARPS,
-            PREFILL_LARGE_STAGES,
-        )
     if max_query_len >= PREFILL_MIN_QUERY_LEN:
         return PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES
     if num_seqs >= DECODE_LARGE_BATCH:
@@ -167,7 +173,7 @@ def launch_configs(
     device: torch.device,
 ) -> list[AttentionLaunchConfig]:
     """Every configuration :func:`select_config` can return for one model: each tile
-    family (small-batch decode, large-batch decode, prefill, long prefill) with each
+    family (small-batch decode, large-batch decode, prefill) with each
     split-KV segment count the heuristic can choose for contexts up to ``max_model_len``.
 
     Each is a separate compiled kernel (tiles and segments are ``tl.constexpr``), so the
@@ -179,7 +185,6 @@ def launch_configs(
         (1, 1),
         (1, DECODE_LARGE_BATCH),
         (PREFILL_MIN_QUERY_LEN, 1),
-        (PREFILL_LARGE_AVG_QUERY_LEN, 1),
     )
     configs = []
     for max_query_len, num_seqs in families:

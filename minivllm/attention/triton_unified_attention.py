@@ -29,8 +29,9 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from minivllm.attention.triton_attention_helpers import attend_tile
+from minivllm.attention.triton_attention_helpers import attend_new_tile, attend_tile
 from minivllm.attention.triton_decode_split import (
     launch_reduce_segments,
     merge_if_last_segment,
@@ -76,6 +77,10 @@ def kernel_unified_attention(
     block_table_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    key_ptr,
+    value_ptr,
+    key_desc,
+    value_desc,
     part_out_ptr,
     part_max_ptr,
     part_sum_ptr,
@@ -90,6 +95,8 @@ def kernel_unified_attention(
     stride_c_block: tl.int64,
     stride_c_slot: tl.int64,
     stride_c_head: tl.int64,
+    stride_k_tok: tl.int64,
+    stride_v_tok: tl.int64,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
@@ -100,6 +107,7 @@ def kernel_unified_attention(
     TILE_N: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,
+    NEW_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -143,34 +151,62 @@ def kernel_unified_attention(
 
     # -- the KV range: everything up to the block's last token, maybe one segment of it
     kv_end = tl.minimum(seq_len, context_len + (local_block + 1) * BLOCK_Q)
-    num_tiles = tl.cdiv(kv_end, TILE_N)
-    tiles_per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
-    tile_lo = segment * tiles_per_segment
-    tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
-    # Keys 0 .. (the q-block's first position) are visible to all of its rows: the tiles
-    # wholly below that need no mask. Only the last one or two tiles (the diagonal, and
-    # the end of the context) do.
-    num_full = (context_len + local_block * BLOCK_Q + 1) // TILE_N
-    tile_mid = tl.maximum(tile_lo, tl.minimum(tile_hi, num_full))
-
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # noqa: E741 - the usual name
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     block_table_row = block_table_ptr + seq * stride_bt_seq
+    if NEW_KV == 0:
+        # Every key from the paged cache.
+        num_tiles = tl.cdiv(kv_end, TILE_N)
+        tiles_per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
+        tile_lo = segment * tiles_per_segment
+        tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
+        # Keys 0 .. (the q-block's first position) are visible to all of its rows: the
+        # tiles wholly below that need no mask. Only the last one or two tiles (the
+        # diagonal, and the end of the context) do.
+        num_full = (context_len + local_block * BLOCK_Q + 1) // TILE_N
+        tile_mid = tl.maximum(tile_lo, tl.minimum(tile_hi, num_full))
+        cached_end = kv_end
+    else:
+        # The cached prefix from the paged cache (visible to every row: only its ragged
+        # last tile is masked), this step's own keys from the dense key/value tensors.
+        tile_lo = 0
+        tile_mid = context_len // TILE_N
+        tile_hi = tl.cdiv(context_len, TILE_N)
+        cached_end = context_len
     for tile in range(tile_lo, tile_mid):
         acc, m, l = attend_tile(  # noqa: E741
-            acc, m, l, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, tile, kv_end,
+            acc, m, l, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, tile, cached_end,
             kv_head, qk_scale, stride_c_block, stride_c_slot, stride_c_head,
             HEAD_SIZE, HEAD_PAD, BLOCK_SIZE, TILE_N, False,
             DOT_PRECISION, UPCAST_DOT,
         )
     for tile in range(tile_mid, tile_hi):
         acc, m, l = attend_tile(  # noqa: E741
-            acc, m, l, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, tile, kv_end,
+            acc, m, l, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, tile, cached_end,
             kv_head, qk_scale, stride_c_block, stride_c_slot, stride_c_head,
             HEAD_SIZE, HEAD_PAD, BLOCK_SIZE, TILE_N, True,
             DOT_PRECISION, UPCAST_DOT,
         )
+    if NEW_KV != 0:
+        # The chunk's keys 0 .. new_end - 1; those up to the q-block's first token are
+        # visible to all of its rows, the diagonal tiles are masked.
+        new_end = kv_end - context_len
+        new_full = (local_block * BLOCK_Q + 1) // TILE_N
+        for tile in range(0, new_full):
+            acc, m, l = attend_new_tile(  # noqa: E741
+                acc, m, l, q, tok, key_ptr, value_ptr, key_desc, value_desc, q_start,
+                new_end, tile, kv_head, qk_scale, stride_k_tok, stride_v_tok,
+                v_cache_ptr.dtype.element_ty, HEAD_SIZE, HEAD_PAD, TILE_N, False,
+                NEW_KV == 2, DOT_PRECISION, UPCAST_DOT,
+            )
+        for tile in range(new_full, tl.cdiv(new_end, TILE_N)):
+            acc, m, l = attend_new_tile(  # noqa: E741
+                acc, m, l, q, tok, key_ptr, value_ptr, key_desc, value_desc, q_start,
+                new_end, tile, kv_head, qk_scale, stride_k_tok, stride_v_tok,
+                v_cache_ptr.dtype.element_ty, HEAD_SIZE, HEAD_PAD, TILE_N, True,
+                NEW_KV == 2, DOT_PRECISION, UPCAST_DOT,
+            )
 
     if NUM_SEGMENTS == 1:
         out = acc / l[:, None]
@@ -209,8 +245,16 @@ def launch_unified_attention(
     out: torch.Tensor,
     scale: float,
     config: AttentionLaunchConfig,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
 ) -> None:
-    """Launch the unified kernel (and the split-KV reduce) on validated tensors."""
+    """Launch the unified kernel (and the split-KV reduce) on validated tensors.
+
+    ``key``/``value`` are this step's ``[num_tokens, num_kv_heads, head_size]`` keys and
+    values (already written to the cache); a configuration with ``new_kv`` reads the
+    chunk's own keys from them instead of the cache. Without them, or when they cannot
+    stand in for the cache (another dtype), the cache is read.
+    """
     num_tokens, num_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
@@ -236,14 +280,23 @@ def launch_unified_attention(
         # Never touched when NUM_SEGMENTS == 1; any tensor serves as the pointer.
         part_out = part_max = part_sum = out
     counters = segment_counters(out.device, grid[0]) if fused else out
+    new_kv = _new_kv_mode(config, key, value, key_cache, head_size, head_pad, segments)
+    key_desc = value_desc = None
+    if new_kv == 2:
+        key_desc = _row_descriptor(key, config.tile_n)
+        value_desc = _row_descriptor(value, config.tile_n)
+    if new_kv == 0:
+        key = value = query  # never read; any tensor serves as the pointer
     kernel_unified_attention[grid](
         out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+        key, value, key_desc, value_desc,
         part_out, part_max, part_sum, counters,
         scale * LOG2_E,  # scores live in the log2 domain so the kernel can use exp2
         num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_table.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        key.stride(0), value.stride(0),
         NUM_HEADS=num_heads,
         GROUP=group,
         HEAD_SIZE=head_size,
@@ -254,6 +307,7 @@ def launch_unified_attention(
         TILE_N=config.tile_n,
         NUM_SEGMENTS=segments,
         FUSED_REDUCE=fused,
+        NEW_KV=new_kv,
         # float32 runs in exact IEEE mode (tf32 would cost ~1e-3 relative error).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRETED,
@@ -262,3 +316,43 @@ def launch_unified_attention(
     )
     if segments > 1 and not fused:
         launch_reduce_segments(out, part_out, part_max, part_sum)
+
+
+def _new_kv_mode(
+    config: AttentionLaunchConfig,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    key_cache: torch.Tensor,
+    head_size: int,
+    head_pad: int,
+    segments: int,
+) -> int:
+    """The ``NEW_KV`` mode this launch can honour: the configuration's, or 0 (the cache)
+    when the step's keys are missing or differ from what the cache holds (a cast on the
+    way in), or the launch splits the KV range (segments index absolute tiles)."""
+    if config.new_kv == 0 or key is None or value is None or segments > 1:
+        return 0
+    if key.dtype != key_cache.dtype or value.dtype != key_cache.dtype:
+        return 0
+    if config.new_kv == 2 and (head_pad != head_size or not _descriptor_ok(key, value)):
+        return 1
+    return config.new_kv
+
+
+def _descriptor_ok(*tensors: torch.Tensor) -> bool:
+    """TMA needs 16-byte aligned bases and row strides, and a contiguous head dim."""
+    return all(
+        t.stride(2) == 1
+        and t.stride(1) == t.shape[2]
+        and (t.data_ptr() % 16 == 0)
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        for t in tensors
+    )
+
+
+def _row_descriptor(t: torch.Tensor, tile_n: int) -> TensorDescriptor:
+    """``t`` (``[tokens, kv_heads, head]``) as a 2-D ``[tokens, kv_heads * head]``
+    descriptor whose blocks are ``tile_n`` rows of one head."""
+    num_tokens, num_kv_heads, head_size = t.shape
+    rows = t.view(num_tokens, num_kv_heads * head_size)
+    return TensorDescriptor(rows, list(rows.shape), [rows.stride(0), 1], [tile_n, head_size])

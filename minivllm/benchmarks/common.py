@@ -184,3 +184,53 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as indented JSON, creating the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def top2(position: dict) -> list[tuple[int, float]]:
+    """The two most likely tokens of one logprobs row (``{token: Logprob}``), as
+    ``[(token, logprob), ...]``, most likely first."""
+    ranked = sorted(position.items(), key=lambda kv: -kv[1].logprob)[:2]
+    return [(tok, lp.logprob) for tok, lp in ranked]
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first index where two token sequences differ (None: one is a prefix of the
+    other, or they are equal)."""
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def compare_greedy(ref: list, other: list, labels: tuple[str, str]) -> dict[str, Any]:
+    """Count identical greedy sequences and explain each first divergence by its top-2
+    margin.
+
+    ``ref`` and ``other`` are completions (``token_ids`` and ``logprobs`` with at least
+    the top 2 per position) of the same prompts under two configurations named by
+    ``labels`` (e.g. ``("tp1", "tpn")``). Both logprobs at a position share one
+    normalizer, so their gap is the logit gap: a divergence where the reference's gap
+    is a rounding error's size is a near-tie that batch-shape or reduction-order float
+    noise can flip; a large gap would be a real error.
+    """
+    a_name, b_name = labels
+    divergences = []
+    for i, (a, b) in enumerate(zip(ref, other)):
+        k = first_divergence(a.token_ids, b.token_ids)
+        if k is None:
+            continue
+        top_a, top_b = top2(a.logprobs[k]), top2(b.logprobs[k])
+        divergences.append(
+            {
+                "prompt": i,
+                "position": k,
+                f"{a_name}_top2": top_a,
+                f"{b_name}_top2": top_b,
+                f"{a_name}_margin": top_a[0][1] - top_a[1][1],
+                f"{b_name}_margin": top_b[0][1] - top_b[1][1],
+            }
+        )
+    margins = [d[f"{a_name}_margin"] for d in divergences]
+    return {
+        "num_prompts": len(ref),
+        "num_identical": len(ref) - len(divergences),
+        f"max_{a_name}_margin": max(margins, default=None),
+        "divergences": divergences,
+    }

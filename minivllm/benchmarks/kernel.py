@@ -124,14 +124,16 @@ def _wall_ms(fn: Callable[[], object], max_s: float) -> tuple[float | None, str]
     return 1e3 * times[len(times) // 2], "wall clock, host syncs included"
 
 
-def make_paged_kv(num_seqs: int, seq_len: int, gen: torch.Generator) -> dict:
+def make_paged_kv(
+    num_seqs: int, seq_len: int, gen: torch.Generator, device: str = "cuda"
+) -> dict:
     """Random paged K/V for ``num_seqs`` sequences of ``seq_len`` tokens, shuffled blocks."""
     blocks_per_seq = cdiv(seq_len, BLOCK_SIZE)
     num_blocks = num_seqs * blocks_per_seq
     shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
-    k = torch.randn(shape, dtype=DTYPE, device="cuda", generator=gen)
-    v = torch.randn(shape, dtype=DTYPE, device="cuda", generator=gen)
-    perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
+    k = torch.randn(shape, dtype=DTYPE, device=device, generator=gen)
+    v = torch.randn(shape, dtype=DTYPE, device=device, generator=gen)
+    perm = torch.randperm(num_blocks, device=device, generator=gen).to(torch.int32)
     return {"key_cache": k, "value_cache": v,
             "block_table": perm.view(num_seqs, blocks_per_seq)}
 
@@ -144,6 +146,27 @@ def contiguous_kv(paged: dict, num_seqs: int, seq_len: int) -> tuple[torch.Tenso
         t = paged[name][idx].view(num_seqs, -1, NUM_KV_HEADS, HEAD_SIZE)[:, :seq_len]
         out.append(t.transpose(1, 2).contiguous())
     return tuple(out)
+
+
+def step_qkv(
+    paged: dict, batch: int, prefix: int, new: int, gen: torch.Generator, device: str = "cuda"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill step's q, k, v as the model hands them to attention: views of one fused
+    projection output, the chunk's keys/values equal to the cache's positions
+    ``prefix .. prefix + new - 1`` of each sequence (already written)."""
+    width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
+    qkv = torch.empty(batch * new, width, dtype=DTYPE, device=device)
+    q = qkv[:, : NUM_HEADS * HEAD_SIZE].view(-1, NUM_HEADS, HEAD_SIZE)
+    q.copy_(torch.randn(q.shape, dtype=DTYPE, device=device, generator=gen))
+    idx = paged["block_table"].long()
+    kv = []
+    for i, name in enumerate(("key_cache", "value_cache")):
+        lo = (NUM_HEADS + i * NUM_KV_HEADS) * HEAD_SIZE
+        view = qkv[:, lo : lo + NUM_KV_HEADS * HEAD_SIZE].view(-1, NUM_KV_HEADS, HEAD_SIZE)
+        rows = paged[name][idx].view(batch, -1, NUM_KV_HEADS, HEAD_SIZE)[:, prefix : prefix + new]
+        view.copy_(rows.reshape(view.shape))
+        kv.append(view)
+    return q, kv[0], kv[1]
 
 
 def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> dict:
@@ -212,16 +235,18 @@ def bench_prefill(batch: int, prefix: int, new: int) -> dict:
     seq_len = prefix + new
     gen = torch.Generator(device="cuda").manual_seed(seq_len * 7 + batch)
     paged = make_paged_kv(batch, seq_len, gen)
-    q = torch.randn(batch * new, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
+    q, key, value = step_qkv(paged, batch, prefix, new, gen)
     seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device="cuda")
     starts = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device="cuda")
     scale = HEAD_SIZE**-0.5
     out = torch.empty_like(q)
 
     def paged_fn() -> None:
+        # As the Attention layer calls it: with this step's key/value.
         triton_attn.paged_attention(q, paged["key_cache"], paged["value_cache"],
                                    paged["block_table"], seq_lens, starts, scale, out=out,
-                                   max_query_len=new, max_seq_len=seq_len)
+                                   max_query_len=new, max_seq_len=seq_len, key=key,
+                                   value=value)
 
     t_paged = _bench_graph(paged_fn)
     k_c, v_c = contiguous_kv(paged, batch, seq_len)

@@ -8,12 +8,19 @@ Three measurements, each against the engine without speculation on the same requ
    statistics (rate per draft position, mean acceptance length);
 2. the same with a draft model (``--draft-model PATH``), when this minivllm has that
    proposer; otherwise the part is skipped and the JSON says why;
-3. the throughput workload of ``bench throughput`` at batch 256, off vs n-gram at
-   ``--throughput-k``: output tokens per second and their ratio.
+3. a batch-size sweep (``--sweep-batch-sizes``, see ``spec_decode_sweep``): off, n-gram
+   at ``--throughput-k``, and n-gram with ``disable_by_batch_size`` on the same
+   requests at each batch size; the largest size where speculation still paid is the
+   threshold (unless ``--disable-by-batch-size`` names one);
+4. the throughput workload of ``bench throughput`` at batch 256, off vs n-gram at
+   ``--throughput-k`` without and with that threshold: output tokens per second and
+   their ratios.
 
 Greedy outputs with speculation are compared token for token with the outputs without
 it; the JSON counts the identical requests (speculation is lossless, so all of them,
-up to the float noise of a different batch shape). Upstream's counterpart is
+up to the float noise of a different batch shape), and for the batch-1 prompts it
+records, at each first divergence, both runs' top-2 logprobs: their gap says whether
+the divergence was a near-tie (float noise) or an error. Upstream's counterpart is
 ``vllm bench`` with ``--speculative-config`` run once per setting
 (``vllm/benchmarks/``); here the settings run in one process, one engine at a time,
 so the ratios come from one machine state.
@@ -24,13 +31,18 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-from minivllm.benchmarks.common import cuda_sync, default_output, environment, write_json
+from minivllm.benchmarks import spec_decode_measure as measure
+from minivllm.benchmarks.common import (
+    default_output,
+    environment,
+    first_divergence,
+    write_json,
+)
 from minivllm.benchmarks.throughput import add_engine_bench_args, build_llm, checkpoint_path
-from minivllm.benchmarks.workloads import Workload, repetitive_prompts, throughput_workload
+from minivllm.benchmarks.workloads import repetitive_prompts, throughput_workload
 
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +93,30 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len-range", type=int, nargs=2, default=[100, 1024])
     parser.add_argument("--output-len-range", type=int, nargs=2, default=[100, 1024])
     parser.add_argument(
+        "--sweep-batch-sizes",
+        type=int,
+        nargs="*",
+        default=[1, 4, 16, 64, 256],
+        help="batch sizes of the off/on sweep (none: skip it); the largest must not "
+        "exceed --num-requests",
+    )
+    parser.add_argument("--sweep-output-len", type=int, default=256)
+    parser.add_argument("--sweep-prompt-len", type=int, default=128)
+    parser.add_argument(
+        "--disable-by-batch-size",
+        type=int,
+        default=None,
+        help="speculative_config.disable_by_batch_size of the thresholded runs "
+        "(default: the sweep's crossover)",
+    )
+    parser.add_argument(
+        "--margin-prompts",
+        type=int,
+        default=2,
+        help="batch-1 prompts rerun with top-2 logprobs to explain greedy differences (0: skip)",
+    )
+    parser.add_argument("--margin-output-len", type=int, default=64)
+    parser.add_argument(
         "--no-plot",
         action="store_true",
         help="write the JSON only (the plot: python -m "
@@ -93,9 +129,17 @@ def _check_args(args: argparse.Namespace) -> None:
         values = getattr(args, name)
         if values is not None and (not values or min(values) < 1):
             raise ValueError(f"--{name.replace('_', '-')} must be positive integers, got {values}")
-    for name in ("num_prompts", "output_len"):
+    for name in ("num_prompts", "output_len", "sweep_output_len", "sweep_prompt_len"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.sweep_batch_sizes and min(args.sweep_batch_sizes) < 1:
+        raise ValueError(f"--sweep-batch-sizes must be >= 1, got {args.sweep_batch_sizes}")
+    if args.sweep_batch_sizes and max(args.sweep_batch_sizes) > args.num_requests:
+        raise ValueError("--sweep-batch-sizes: the largest must not exceed --num-requests")
+    if args.disable_by_batch_size is not None and args.disable_by_batch_size < 1:
+        raise ValueError("--disable-by-batch-size must be >= 1")
+    if not 0 <= args.margin_prompts <= args.num_prompts or args.margin_output_len < 1:
+        raise ValueError("--margin-prompts must be in [0, --num-prompts]; --margin-output-len >= 1")
     if args.num_requests < 0:
         raise ValueError("--num-requests must be >= 0")
     if args.throughput_k is not None and args.throughput_k < 1:
@@ -116,136 +160,21 @@ def draft_model_unavailable() -> str | None:
     return None
 
 
-def _one_request(llm, prompt: list[int], output_len: int) -> tuple[float, int, list[int]]:
-    """Step the engine through one greedy request: (seconds after the first token, steps
-    after it, the output token ids)."""
-    from minivllm import SamplingParams
-
-    engine = llm.llm_engine
-    engine.reset_prefix_cache()  # a repeat must not hit the last run
-    engine.add_request(
-        {"prompt_token_ids": prompt},
-        SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True),
-    )
-    cuda_sync()
-    outputs: list = []
-    # Until the first token, or the end: a request that fails (non-finite logits) ends
-    # with no token at all, and waiting for one would wait forever.
-    while engine.has_unfinished_requests() and not any(o.outputs[0].token_ids for o in outputs):
-        outputs = engine.step() or outputs
-    first = time.perf_counter()
-    steps = 0
-    while engine.has_unfinished_requests():
-        outputs = engine.step() or outputs
-        steps += 1
-    cuda_sync()
-    _check_finished(outputs)
-    return time.perf_counter() - first, steps, list(outputs[-1].outputs[0].token_ids)
-
-
-def _check_finished(outputs: list) -> None:
-    """Refuse to time requests the engine failed: their figures would mean nothing.
-
-    Raises:
-        RuntimeError: A request finished with ``finish_reason="error"`` (its reason, e.g.
-            non-finite logits from a broken checkpoint, is quoted).
-    """
-    failed = [o for o in outputs if o.outputs[0].finish_reason == "error"]
-    if failed:
-        raise RuntimeError(
-            f"bench spec: {len(failed)} request(s) failed in the engine, so nothing is "
-            f"timed; the first: {failed[0].outputs[0].stop_reason}"
-        )
-
-
-def _spec_delta(before: Any, after: Any) -> dict[str, Any]:
-    """The acceptance statistics of the timed runs: the engine's totals after minus before."""
-    if after is None:
-        return {}
-    drafts = after.num_drafts - (before.num_drafts if before else 0)
-    drafted = after.num_draft_tokens - (before.num_draft_tokens if before else 0)
-    accepted = after.num_accepted_tokens - (before.num_accepted_tokens if before else 0)
-    per_pos = [
-        a - (before.num_accepted_tokens_per_pos[i] if before else 0)
-        for i, a in enumerate(after.num_accepted_tokens_per_pos)
-    ]
-    return {
-        "num_drafts": drafts,
-        "num_draft_tokens": drafted,
-        "num_accepted_tokens": accepted,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "acceptance_rate_per_pos": [n / drafts for n in per_pos] if drafts else None,
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-    }
-
-
-def measure_batch1(llm, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
-    """Time per output token over the prompts run one at a time (after a warm-up)."""
-    _one_request(llm, prompts[0], min(output_len, 32))  # warm-up: compile, capture
-    before = llm.llm_engine.stats.spec_decoding_stats
-    seconds, steps, outputs = 0.0, 0, []
-    for prompt in prompts:
-        s, n, tokens = _one_request(llm, prompt, output_len)
-        seconds, steps = seconds + s, steps + n
-        outputs.append(tokens)
-    after_first = sum(len(t) - 1 for t in outputs)  # tokens timed: all but each first
-    entry = {
-        "seconds": seconds,
-        "output_tokens": sum(map(len, outputs)),
-        "tpot_ms": 1e3 * seconds / after_first,
-        "steps": steps,
-        "tokens_per_step": after_first / steps if steps else None,
-        **_spec_delta(before, llm.llm_engine.stats.spec_decoding_stats),
-    }
-    return {"entry": entry, "outputs": outputs}
-
-
-def measure_throughput(llm, workload: Workload) -> dict[str, Any]:
-    """Output tokens per second on the workload, greedy.
-
-    A warm-up first runs every prompt for at most 32 tokens: the batch shapes of the
-    prefills and of the full-batch decode and verification steps get their kernels
-    compiled and graphs used, at an eighth of a full run's cost.
-    """
-    from minivllm import SamplingParams
-
-    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
-    warm = [
-        SamplingParams(temperature=0.0, max_tokens=min(n, 32), ignore_eos=True)
-        for n in workload.output_lens
-    ]
-    _check_finished(llm.generate(prompts, warm, use_tqdm=False))
-    params = [
-        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens
-    ]
-    llm.reset_prefix_cache()
-    before = llm.llm_engine.stats.spec_decoding_stats
-    cuda_sync()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    cuda_sync()
-    seconds = time.perf_counter() - start
-    _check_finished(outputs)
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    entry = {
-        "seconds": seconds,
-        "output_tokens": sum(map(len, tokens)),
-        "output_tokens_per_s": sum(map(len, tokens)) / seconds,
-        **_spec_delta(before, llm.llm_engine.stats.spec_decoding_stats),
-    }
-    return {"entry": entry, "outputs": tokens}
-
-
-def _spec_config(method: str, k: int, args: argparse.Namespace) -> dict[str, Any] | None:
+def _spec_config(
+    method: str, k: int, args: argparse.Namespace, threshold: int | None = None
+) -> dict[str, Any] | None:
     if method == "off":
         return None
-    if method == "ngram":
-        return {
+    if method in ("ngram", "ngram_threshold"):
+        config = {
             "method": "ngram",
             "num_speculative_tokens": k,
             "prompt_lookup_min": args.prompt_lookup_min,
             "prompt_lookup_max": args.prompt_lookup_max,
         }
+        if method == "ngram_threshold":
+            config["disable_by_batch_size"] = threshold
+        return config
     return {"method": "draft_model", "model": args.draft_model, "num_speculative_tokens": k}
 
 
@@ -274,10 +203,7 @@ def _first_differences(a: list[list[int]], b: list[list[int]]) -> list[int | Non
     """Per request, the index of the first token where ``a`` and ``b`` differ (None:
     identical): a late first difference points at float noise of the batch shape, a
     difference at token 0 at a bug."""
-    return [
-        next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), None) if ra != rb else None
-        for ra, rb in zip(a, b, strict=True)
-    ]
+    return [first_divergence(ra, rb) for ra, rb in zip(a, b, strict=True)]
 
 
 def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -320,8 +246,17 @@ class SpecBench:
         )
         # The published workload draws ids below 10000; a smaller vocabulary wraps them.
         self.workload.prompts = [[t % self.vocab_size for t in p] for p in self.workload.prompts]
+        self.batch_sizes = sorted(set(args.sweep_batch_sizes or []))
+        self.sweep_prompts = (
+            measure.sweep_prompts(self.workload.prompts, self.batch_sizes, args.sweep_prompt_len)
+            if self.batch_sizes
+            else []
+        )
+        self.sweeps: dict[str, list[dict[str, Any]]] = {}  # setting -> entries with outputs
+        self.threshold = args.disable_by_batch_size
         self.prompts: list[list[int]] = []
         self.reference: list[list[int]] = []
+        self.margin_reference: list = []
         self.throughput_reference: list[list[int]] = []
         self.draft_skipped = None if args.draft_model is None else draft_model_unavailable()
         self.result: dict[str, Any] = {
@@ -332,21 +267,36 @@ class SpecBench:
             "prompt_lookup": [args.prompt_lookup_min, args.prompt_lookup_max],
             "workload": None,
             "batch1": {"off": None, "ngram": {}, "draft_model": {}},
+            "identity": None,
+            "sweep": None,
             "throughput": None,
         }
         if self.draft_skipped is not None:
             self.result["batch1"]["draft_model"] = {"skipped": self.draft_skipped}
             print(f"bench spec: draft model skipped: {self.draft_skipped}", flush=True)
 
+    @property
+    def large(self) -> bool:
+        """Whether the settings with many requests at once (sweep, batch 256) run."""
+        return self.args.num_requests > 0
+
+    @property
+    def thresholded(self) -> bool:
+        """Whether the n-gram run with ``disable_by_batch_size`` runs: it needs a
+        threshold, given or found by the sweep."""
+        return self.large and bool(self.batch_sizes or self.threshold is not None)
+
     def settings(self) -> list[tuple[str, int]]:
-        """(method, k) in run order: off, n-gram (the throughput k last: its batch-256
-        run is the longest, and a run stopped there keeps every batch-1 figure), then
-        the draft model."""
+        """(method, k) in run order: off, n-gram at the throughput k (sweep, batch 256),
+        n-gram with the threshold the sweep found, the other n-gram ks (batch 1 only),
+        then the draft model. A run stopped by a timeout keeps what ran first."""
         args = self.args
-        ks = [k for k in args.ks if not (args.num_requests and k == self.throughput_k)]
-        settings = [("off", 0)] + [("ngram", k) for k in ks]
-        if args.num_requests:
+        settings = [("off", 0)]
+        if self.large:
             settings.append(("ngram", self.throughput_k))
+        if self.thresholded:
+            settings.append(("ngram_threshold", self.throughput_k))
+        settings += [("ngram", k) for k in args.ks if not (self.large and k == self.throughput_k)]
         if args.draft_model is not None and self.draft_skipped is None:
             settings += [("draft_model", k) for k in args.draft_ks or args.ks]
         return settings
@@ -354,15 +304,19 @@ class SpecBench:
     def run_setting(self, method: str, k: int) -> None:
         """Build one engine, measure what it takes part in, release it."""
         args = self.args
-        in_throughput = args.num_requests > 0 and (method, k) in (
+        large = self.large and (method, k) in (
             ("off", 0),
             ("ngram", self.throughput_k),
+            ("ngram_threshold", self.throughput_k),
         )
+        if method == "ngram_threshold" and self.threshold is None:
+            self.threshold = measure.crossover(self.result["sweep"]["rows"]) or 1
+            self.result["sweep"]["threshold_from_sweep"] = True
         llm = build_llm(
             args,
             self.path,
-            speculative_config=_spec_config(method, k, args),
-            max_num_seqs=args.max_num_seqs if in_throughput else min(args.max_num_seqs, 8),
+            speculative_config=_spec_config(method, k, args, self.threshold),
+            max_num_seqs=args.max_num_seqs if large else min(args.max_num_seqs, 8),
         )
         try:
             async_scheduling = llm.llm_engine.engine_core.engine_core.async_scheduling
@@ -375,15 +329,17 @@ class SpecBench:
                     "prompt_tokens": [len(p) for p in self.prompts],
                     "output_len": args.output_len,
                 }
-            if method != "ngram" or k in args.ks:
+            if method != "ngram_threshold" and (method != "ngram" or k in args.ks):
                 self._batch1(llm, method, k, async_scheduling)
-            if in_throughput:
+            if large and self.batch_sizes:
+                self._sweep(llm, method, k)
+            if large and args.num_requests:
                 self._throughput(llm, method, k, async_scheduling)
         finally:
             llm.shutdown()
 
     def _batch1(self, llm, method: str, k: int, async_scheduling: bool) -> None:
-        run = measure_batch1(llm, self.prompts, self.args.output_len)
+        run = measure.measure_batch1(llm, self.prompts, self.args.output_len)
         entry = {"k": k, "async_scheduling": async_scheduling, **run["entry"]}
         batch1 = self.result["batch1"]
         if method == "off":
@@ -396,9 +352,66 @@ class SpecBench:
         entry["identical_to_off"] = _identical(run["outputs"], self.reference)
         entry["first_difference"] = _first_differences(run["outputs"], self.reference)
         _print_batch1(method, entry)
+        if self.args.margin_prompts:
+            self._margins(llm, method, k, entry)
+
+    def _margins(self, llm, method: str, k: int, entry: dict[str, Any]) -> None:
+        """Batch 1 again with top-2 logprobs; each divergence from off with its margins."""
+        prompts = self.prompts[: self.args.margin_prompts]
+        completions = measure.margin_run(llm, prompts, self.args.margin_output_len)
+        if method == "off":
+            self.margin_reference = completions
+            self.result["identity"] = {
+                "prompts": len(prompts),
+                "output_len": self.args.margin_output_len,
+                "num_sequences": 0,
+                "num_identical": 0,
+                "max_off_margin": None,
+                # The top-2 gaps at every position off generated: what a divergence's
+                # gap is compared with.
+                "off_gaps": measure.gap_quantiles(completions),
+                "by_setting": {},
+            }
+            print(f"  off: top-2 gaps over its positions: {self.result['identity']['off_gaps']}")
+            return
+        entry["greedy_margins"] = found = measure.margins(self.margin_reference, completions)
+        identity = self.result["identity"]
+        identity["num_sequences"] += found["num_prompts"]
+        identity["num_identical"] += found["num_identical"]
+        margins = [identity["max_off_margin"], found["max_off_margin"]]
+        identity["max_off_margin"] = max((m for m in margins if m is not None), default=None)
+        identity["by_setting"][f"{method} k={k}"] = [
+            found["num_identical"],
+            found["num_prompts"],
+        ]
+        self.result["identity"] = identity
+        print(
+            f"  greedy with top-2 logprobs: {found['num_identical']}/{found['num_prompts']} "
+            f"identical to off, largest off top-2 gap at a divergence: {found['max_off_margin']}",
+            flush=True,
+        )
+
+    def _sweep(self, llm, method: str, k: int) -> None:
+        print(f"sweep {method} k={k}:", flush=True)
+        self.sweeps[method] = measure.measure_sweep(
+            llm, self.sweep_prompts, self.batch_sizes, self.args.sweep_output_len
+        )
+        others = {m: e for m, e in self.sweeps.items() if m != "off"}
+        self.result["sweep"] = {
+            **(self.result["sweep"] or {}),
+            "k": self.throughput_k,
+            "prompt_len": self.args.sweep_prompt_len,
+            "output_len": self.args.sweep_output_len,
+            "rows": measure.compare_sweeps(self.sweeps["off"], others),
+        }
+        sweep_result = self.result["sweep"]
+        if method == "ngram":
+            sweep_result["crossover"] = measure.crossover(sweep_result["rows"])
+        if method == "ngram_threshold":
+            sweep_result["disable_by_batch_size"] = self.threshold
 
     def _throughput(self, llm, method: str, k: int, async_scheduling: bool) -> None:
-        run = measure_throughput(llm, self.workload)
+        run = measure.measure_throughput(llm, self.workload)
         entry = {"k": k, "async_scheduling": async_scheduling, **run["entry"]}
         print(
             f"batch {len(self.workload.prompts)} {method} k={k}: "
@@ -414,12 +427,18 @@ class SpecBench:
             }
             return
         t = self.result["throughput"]
-        t["ngram"] = entry
-        t["ratio_on_over_off"] = entry["output_tokens_per_s"] / t["off"]["output_tokens_per_s"]
-        t["identical_requests"] = _identical(run["outputs"], self.throughput_reference)
+        ratio = entry["output_tokens_per_s"] / t["off"]["output_tokens_per_s"]
+        identical = _identical(run["outputs"], self.throughput_reference)
+        if method == "ngram":
+            t["ngram"] = entry
+            t["ratio_on_over_off"], t["identical_requests"] = ratio, identical
+        else:
+            entry["disable_by_batch_size"] = self.threshold
+            entry["ratio_over_off"], entry["identical_requests"] = ratio, identical
+            t["ngram_threshold"] = entry
         print(
-            f"throughput with n-gram k={k} / off: {t['ratio_on_over_off']:.3f}, "
-            f"{t['identical_requests']} of {t['num_requests']} identical",
+            f"throughput with {method} k={k} / off: {ratio:.3f}, "
+            f"{identical} of {t['num_requests']} identical",
             flush=True,
         )
 

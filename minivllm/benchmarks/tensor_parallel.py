@@ -34,8 +34,10 @@ import torch
 
 from minivllm.benchmarks.common import (
     QWEN3_0_6B_SHAPE,
+    compare_greedy,
     default_output,
     environment,
+    first_divergence,
     make_random_checkpoint,
     timed,
     write_json,
@@ -171,47 +173,15 @@ def run_engine(
     return figures, completions, equiv_out
 
 
-def _top2(position: dict) -> list[tuple[int, float]]:
-    ranked = sorted(position.items(), key=lambda kv: -kv[1].logprob)[:2]
-    return [(tok, lp.logprob) for tok, lp in ranked]
-
-
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
-
-
 def compare(ref: list, other: list) -> dict[str, Any]:
-    """Count identical sequences and explain each first divergence by its top-2 margin
-    (``ref``: TP=1's completions, ``other``: TP=N's, both with top-2 logprobs)."""
-    divergences = []
-    for i, (a, b) in enumerate(zip(ref, other)):
-        k = _first_divergence(a.token_ids, b.token_ids)
-        if k is None:
-            continue
-        top_a, top_b = _top2(a.logprobs[k]), _top2(b.logprobs[k])
-        divergences.append(
-            {
-                "prompt": i,
-                "position": k,
-                "tp1_top2": top_a,
-                "tpn_top2": top_b,
-                "tp1_margin": top_a[0][1] - top_a[1][1],
-                "tpn_margin": top_b[0][1] - top_b[1][1],
-            }
-        )
-    margins = [d["tp1_margin"] for d in divergences]
-    return {
-        "num_prompts": len(ref),
-        "num_identical": len(ref) - len(divergences),
-        "max_tp1_margin": max(margins, default=None),
-        "divergences": divergences,
-    }
+    """``compare_greedy`` of TP=1's completions (``ref``) and TP=N's (``other``)."""
+    return compare_greedy(ref, other, ("tp1", "tpn"))
 
 
 def compare_tokens(ref: list, other: list) -> dict[str, Any]:
     """How many of the timed runs' greedy sequences are identical, and where the others
     first differ (tokens only: the timed runs carry no logprobs)."""
-    positions = [_first_divergence(a.token_ids, b.token_ids) for a, b in zip(ref, other)]
+    positions = [first_divergence(a.token_ids, b.token_ids) for a, b in zip(ref, other)]
     diverged = [k for k in positions if k is not None]
     return {
         "num_sequences": len(ref),

@@ -58,6 +58,11 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> None:
                         help="also profile 8 full-batch decode steps of the workload here")
     parser.add_argument("--compare-sync", action="store_true",
                         help="run the workload again with async scheduling off, same engine")
+    parser.add_argument("--profile-temperature", type=float, default=0.0,
+                        help="sampling temperature of the profiled decode steps")
+    parser.add_argument("--compare-sampler", action="store_true",
+                        help="run the temperature workload again with the sampler's one-pass "
+                             "kernel off, then on again, same engine")
     parser.add_argument("--cold", action="store_true",
                         help="as a new user meets it: fresh processes with an empty Triton "
                              "cache; start-up time cold and warm, first timed run vs second")
@@ -171,10 +176,17 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     print(f"minivllm: {mini['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s "
           f"({mini['fraction_of_roofline']:.0%} of the {roof.max_output_tokens_per_s:.0f} "
           f"tok/s roofline)", flush=True)
+    if args.compare_sampler:
+        mini["sampled_general_path"] = compare_sampler(llm, workload, sampled)
+        for run in mini["sampled_general_path"].values():
+            if isinstance(run, dict):
+                run["fraction_of_roofline"] = (
+                    run["output_tokens_per_s"] / roof.max_output_tokens_per_s)
     if args.compare_sync and llm.llm_engine.engine_core.engine_core.async_scheduling:
         result["sync"] = compare_sync(llm, workload, seconds)
     if args.profile_dir:
-        result["profile"] = profile_full_batch(llm, workload, Path(args.profile_dir))
+        result["profile"] = profile_full_batch(llm, workload, Path(args.profile_dir),
+                                               args.profile_temperature)
     if args.peer == "hf":
         sub = workload.head(args.peer_num_requests or len(workload.prompts))
         seconds = generate_workload(llm, sub)
@@ -206,7 +218,31 @@ def compare_sync(llm, workload: Workload, async_seconds: float) -> dict[str, Any
     return out
 
 
-def profile_full_batch(llm, workload: Workload, out_dir: Path) -> dict[str, Any]:
+def _use_gumbel_kernel(runner, on: bool | None) -> None:
+    runner.sampler.use_gumbel_kernel = on
+
+
+def compare_sampler(llm, workload: Workload, kernel_seconds: float) -> dict[str, Any]:
+    """Time the temperature workload with the sampler's one-pass kernel off (the general
+    float32 path for every row), then on again: the same engine, so the difference is
+    the sampler alone, and the second kernel run shows the drift between runs."""
+    runs = {}
+    for name, on in (("kernel_off", False), ("kernel_on_again", None)):
+        llm.collective_rpc(_use_gumbel_kernel, args=(on,))
+        seconds = generate_workload(llm, workload, SAMPLED_TEMPERATURE)
+        runs[name] = {"seconds": seconds,
+                      "output_tokens_per_s": workload.num_output_tokens / seconds}
+    out = {**runs, "kernel_speedup": runs["kernel_off"]["seconds"] / kernel_seconds}
+    print(f"temperature {SAMPLED_TEMPERATURE}: one-pass kernel "
+          f"{workload.num_output_tokens / kernel_seconds:.0f} output tok/s, general path "
+          f"{runs['kernel_off']['output_tokens_per_s']:.0f} (kernel x{out['kernel_speedup']:.3f}"
+          f"), kernel again {runs['kernel_on_again']['output_tokens_per_s']:.0f}", flush=True)
+    return out
+
+
+def profile_full_batch(
+    llm, workload: Workload, out_dir: Path, temperature: float = 0.0
+) -> dict[str, Any]:
     """Profile 8 decode steps once every prefill is done and the batch is full.
 
     The first 40 steps run unprofiled (all prompts are prefilled by then, and no
@@ -220,17 +256,19 @@ def profile_full_batch(llm, workload: Workload, out_dir: Path) -> dict[str, Any]
     engine.reset_prefix_cache()
     for prompt, n in zip(workload.prompts, workload.output_lens):
         engine.add_request({"prompt_token_ids": prompt},
-                           SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+                           SamplingParams(temperature=temperature, max_tokens=n,
+                                          ignore_eos=True))
     for _ in range(40):
         engine.step()
     summary = profile_steps(engine, 8, out_dir, "throughput_decode")
     summary["batch"] = engine.stats.num_running_reqs
+    summary["temperature"] = temperature
     engine.abort_request(list(engine.output_processor.request_states))
     print(f"full-batch decode ({summary['batch']} requests): device busy "
           f"{summary['device_busy_ms_per_step']:.2f} ms per step, wall "
           f"{summary['wall_ms_per_step']:.2f} ms (profiled)", flush=True)
     (out_dir / "throughput_decode_trace.json").unlink(missing_ok=True)  # ~100 MB
-    return {k: v for k, v in summary.items() if k != "top"} | {"top": summary["top"][:12]}
+    return {k: v for k, v in summary.items() if k != "top"} | {"top": summary["top"][:20]}
 
 
 def run_peers(path: str, sub: Workload, minivllm_seconds: float) -> dict[str, Any]:

@@ -40,12 +40,13 @@ def num_drafts_in_flight(
     """Drafts to schedule for a running request whose previous step is still in flight.
 
     The step in flight sampled for the request, so the draft model proposed
-    ``num_speculative_tokens`` drafts for it there (on the device).
+    ``num_speculative_tokens`` drafts for it there (on the device), or none.
 
     Args:
         request: A running request with ``num_output_placeholders > 0``; its
             ``num_computed_tokens`` counts the in-flight step's drafts as accepted.
-        num_speculative_tokens: ``k``.
+        num_speculative_tokens: ``k``, or 0 when the step in flight proposes no drafts
+            (a step above ``disable_by_batch_size``).
         max_model_len: No position at or past it is computed.
 
     Returns:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from minivllm.config import SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
@@ -48,6 +48,9 @@ class Scheduler:
             (tests pass a tiny one to force preemptions).
         num_speculative_tokens: ``k`` of speculative decoding (0: off); the drafts'
             bookkeeping is in ``sched_spec_decode``.
+        speculates_at: Whether a step of that many requests proposes drafts for the next
+            (``SpeculativeConfig.speculates_at``); None: every step does. Asked about
+            the step in flight, whose drafts stay on the device (``sched_async_spec``).
 
     Attributes:
         waiting: Requests not yet admitted, FCFS; preempted requests re-enter at the front.
@@ -68,6 +71,7 @@ class Scheduler:
         scheduler_config: SchedulerConfig,
         kv_cache_manager: KVCacheManager,
         num_speculative_tokens: int = 0,
+        speculates_at: Callable[[int], bool] | None = None,
     ) -> None:
         # The config checked its budgets when it was built (SchedulerConfig.__post_init__).
         cfg = scheduler_config
@@ -89,6 +93,8 @@ class Scheduler:
         self.num_generated_tokens = 0
         self.peak_blocks_in_use = 0
         self.num_speculative_tokens = num_speculative_tokens
+        self._speculates_at = speculates_at
+        self._last_batch_size = 0  # requests in the last step built (the one in flight)
         self.spec_decoding_stats = (
             SpecDecodingStats(num_speculative_tokens) if num_speculative_tokens else None
         )
@@ -133,6 +139,10 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
+        # With async scheduling: how many drafts the step in flight proposes per request.
+        k_in_flight = self.num_speculative_tokens
+        if self._speculates_at is not None and not self._speculates_at(self._last_batch_size):
+            k_in_flight = 0
 
         # 1) RUNNING: decodes and unfinished prefills, oldest first.
         req_index = 0
@@ -146,9 +156,7 @@ class Scheduler:
             if in_flight:
                 # Async scheduling with a draft model: the input token and the drafts
                 # are still on the device (sched_async_spec).
-                num_drafts = num_drafts_in_flight(
-                    request, self.num_speculative_tokens, self.max_model_len
-                )
+                num_drafts = num_drafts_in_flight(request, k_in_flight, self.max_model_len)
                 num_new = 0 if num_drafts is None else min(1 + num_drafts, budget)
             else:
                 num_new = min(
@@ -273,6 +281,7 @@ class Scheduler:
                 # its drafts.
                 s.request.num_output_placeholders += 1 + len(s.spec_token_ids)
         self.num_steps += bool(output.scheduled)
+        self._last_batch_size = len(output.scheduled)
         kv = self.kv_cache_manager
         self.peak_blocks_in_use = max(self.peak_blocks_in_use, kv.num_blocks - kv.num_free_blocks)
 

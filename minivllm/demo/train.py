@@ -77,6 +77,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-tokens", type=int, default=40, help="length of logged samples")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--train-eos-embedding",
+        action="store_true",
+        help="learn the end-of-sequence token's embedding (by default, as the demo model "
+        "was made, it is the padding row and stays zero; deep models need it learned)",
+    )
     return p
 
 
@@ -142,11 +148,18 @@ def build_model(args: argparse.Namespace, tokenizer: Any) -> Any:
         tie_word_embeddings=True,  # saves a second 4096 x 256 matrix: 1M weights, +19%
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        # The pad id is the eos id, so transformers makes the eos row the embedding's
+        # padding row: zero, never trained. A window that starts with eos then carries an
+        # all-zero residual stream through every layer, and each RMSNorm's backward at
+        # zero scales the gradient by 1/sqrt(eps); past about 20 layers it overflows to
+        # NaN in the first step. --train-eos-embedding builds the model without the
+        # padding row (the saved config still names the pad id).
+        pad_token_id=None if args.train_eos_embedding else tokenizer.pad_token_id,
     )
     torch.manual_seed(args.seed)
     # Eager attention: its backward is deterministic, and at 512 tokens it is cheap.
     model = transformers.LlamaForCausalLM(config)
+    model.config.pad_token_id = tokenizer.pad_token_id
     model.set_attn_implementation("eager")
     model.generation_config = transformers.GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,

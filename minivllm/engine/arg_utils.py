@@ -74,7 +74,9 @@ class EngineArgs:
         async_scheduling: Overlap the host's work for the next step with the device's
             work on the current one. None (the default) turns it on wherever it is
             supported: without speculative decoding (any ``tensor_parallel_size``), and
-            with a draft model on one rank (not with n-gram drafts).
+            with a draft model on one rank, and with n-gram drafts that have a
+            ``disable_by_batch_size`` (it then overlaps the steps above that batch size
+            only).
         speculative_config: Speculative decoding, upstream's keys:
             ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
             "prompt_lookup_max": ...}`` or ``{"method": "draft_model", "model": PATH,
@@ -274,11 +276,18 @@ class EngineArgs:
         As upstream's VllmConfig: a proposer that runs on the device (a draft model)
         keeps it, its drafts staying on the device for the next step (core/
         sched_async_spec.py); the n-gram proposer, which reads each step's tokens on the
-        host, does not.
+        host, does not, unless it has a ``disable_by_batch_size``: the steps above it
+        propose nothing and run ahead, the others are waited for.
         """
-        if self.speculative_config is None:
+        spec = self.speculative_config
+        if spec is None:
             return None
-        if self.speculative_config.get("method", "ngram") != "draft_model":
+        if spec.get("method", "ngram") == "ngram" and spec.get("disable_by_batch_size") is not None:
+            # Steps above the threshold propose nothing, so the core can run them ahead
+            # as without speculation; steps that verify or propose drafts it waits for
+            # (EngineCore._needs_settling).
+            return None
+        if spec.get("method", "ngram") != "draft_model":
             return (
                 "the drafts of step N+1 are proposed from the tokens step N returns, so "
                 "step N+1 cannot be scheduled while step N runs"

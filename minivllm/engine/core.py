@@ -78,11 +78,13 @@ class EngineCore:
             vllm_config.scheduler_config,
             self.kv_cache_manager,
             num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
+            speculates_at=None if spec is None else spec.speculates_at,
         )
         # Speculative decoding's proposer. Upstream's runs in the worker, after sampling:
         # so does a draft model (it needs the device; its drafts come back with the
         # step's output), but an n-gram proposer needs only the tokens, which are here.
         self.speculating = spec is not None
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         self.drafter: NgramProposer | None = None
         if spec is not None:
             if spec.method == "ngram":
@@ -95,10 +97,10 @@ class EngineCore:
             logger.info(
                 "speculative decoding: %s, up to %d draft tokens per request and step "
                 "(verification steps replay CUDA graphs; requests with logprobs get one "
-                "row per kept token; async scheduling is %s)",
+                "row per kept token; %s)",
                 spec.method,
                 spec.num_speculative_tokens,
-                "on" if vllm_config.scheduler_config.async_scheduling else "off",
+                _async_note(spec, self.async_scheduling),
             )
         self._block_hasher = (
             get_request_block_hasher(cache_config.block_size)
@@ -106,7 +108,6 @@ class EngineCore:
             else None
         )
         self._eos_token_ids = model_config.eos_token_ids
-        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         # With async scheduling: the step queued on the device whose tokens have not
         # been processed yet, as (its scheduler output, its output handle).
         self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
@@ -205,9 +206,8 @@ class EngineCore:
         ``EngineDeadError``.
         """
         outputs: list[EngineCoreOutput] = []
-        # The tracer pictures the KV cache as each step left it, so it runs in step; an
-        # n-gram proposer needs each step's tokens on the host before the next step.
-        run_ahead = self.async_scheduling and self.tracer is None and self.drafter is None
+        # The tracer pictures the KV cache as each step left it, so it runs in step.
+        run_ahead = self.async_scheduling and self.tracer is None
         if not run_ahead:
             self._drain(outputs)
         if self.scheduler.has_unfinished_requests():
@@ -227,6 +227,8 @@ class EngineCore:
                     previous, self._in_flight = self._in_flight, (scheduler_output, handle)
                     if previous is not None:
                         self._process_step(*previous, outputs)
+                    if self._needs_settling(scheduler_output):
+                        self._drain(outputs)
                 else:
                     self._process_step(scheduler_output, handle, outputs)
         if not self.scheduler.has_unfinished_requests():
@@ -302,10 +304,32 @@ class EngineCore:
             request = self.scheduler.requests.get(rid)
             if rid not in sampled and request is not None:  # a prefill chunk, no token yet
                 outputs.append(self._make_output(request, None, runner_output))
-        if self.speculating:
-            self._propose_drafts(runner_output)
+        # Drafts only after a step small enough to speculate
+        # (SpeculativeConfig.disable_by_batch_size). The n-gram proposer needs every
+        # token known (nothing in flight); a draft model's drafts for the requests of
+        # the step in flight are already on the device, and the values are written into
+        # that step here.
+        spec = self.vllm_config.speculative_config
+        if spec is not None and spec.speculates_at(len(scheduler_output.scheduled)):
+            if self._in_flight is None or self.drafter is None:
+                self._propose_drafts(runner_output)
             if self._in_flight is not None:
                 _fill_drafts_in_flight(self._in_flight[0], runner_output)
+
+    def _needs_settling(self, scheduler_output: SchedulerOutput) -> bool:
+        """Whether a step queued ahead must be processed before the next is scheduled.
+
+        Speculation with ``disable_by_batch_size`` runs ahead (async scheduling) only
+        steps that neither verify drafts (their count of new tokens is known only from
+        the rejection sampler) nor are followed by proposals (the n-gram proposer reads
+        every token); the others are waited for, as without async scheduling.
+        """
+        spec = self.vllm_config.speculative_config
+        if spec is None or self.drafter is None:
+            return False  # a draft model's drafts stay on the device (sched_async_spec)
+        return bool(scheduler_output.scheduled_spec_decode_tokens) or spec.speculates_at(
+            len(scheduler_output.scheduled)
+        )
 
     def _propose_drafts(self, runner_output: ModelRunnerOutput) -> None:
         """Drafts for the next step of every request about to decode: the n-gram
@@ -382,6 +406,16 @@ class EngineCore:
             out.finish_reason = _FINISH_REASONS[request.status]
             out.stop_reason = request.stop_reason
         return out
+
+
+def _async_note(spec, async_scheduling: bool) -> str:
+    """How speculation and async scheduling combine, for the start-up log line."""
+    if spec.disable_by_batch_size is None:
+        return f"async scheduling is {'on' if async_scheduling else 'off'}"
+    note = f"steps of more than {spec.disable_by_batch_size} requests propose none"
+    if spec.method == "ngram":
+        return note + (", and only they run ahead" if async_scheduling else "")
+    return note + f"; async scheduling is {'on' if async_scheduling else 'off'}"
 
 
 def _fill_drafts_in_flight(in_flight: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:

@@ -138,8 +138,8 @@ def register_op(
     Compared with ``@torch.library.custom_op`` (used for attention), ``Library.define`` +
     ``Library.impl`` put the Python function straight behind the dispatcher, without
     custom_op's per-call wrappers (autograd checks, in-place bookkeeping): the layer
-    ops are small and a Qwen3 decoder layer calls six of them (two RMSNorms with the
-    residual add, the q and k norms, the rotary embedding, SiLU-and-mul), so eager host
+    ops are small and a Qwen3 decoder layer calls four of them (two RMSNorms with the
+    residual add, the q/k norm with the rotary embedding, SiLU-and-mul), so eager host
     overhead matters more than for attention. The kernels run under the CUDA key and, for
     ``TRITON_INTERPRET=1`` tests, the CPU key.
 

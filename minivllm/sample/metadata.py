@@ -43,6 +43,12 @@ class SamplingMetadata:
         min_tokens_rows: ``[n]`` row of each (row, stop token) pair to forbid because
             the row has not generated ``min_tokens`` yet; None when there are none.
         min_tokens_token_ids: ``[n]`` the token of each pair.
+        one_pass: Host ``[num_reqs]`` bool: the row's token is a draw from
+            ``softmax(logits / T)`` or the argmax, nothing else changes its logits (no
+            filter, penalty or min_tokens mask this step), so the one-pass Gumbel kernel
+            may sample it (``sample/gumbel.py``). None when all rows are greedy.
+        seeds: Row -> (request seed, position of the token the row samples), for seeded
+            requests: the one-pass kernel's noise for the row comes from these alone.
     """
 
     temperature: torch.Tensor | None
@@ -60,6 +66,8 @@ class SamplingMetadata:
     repetition_penalties: torch.Tensor | None = None
     min_tokens_rows: torch.Tensor | None = None
     min_tokens_token_ids: torch.Tensor | None = None
+    one_pass: np.ndarray | None = None
+    seeds: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def no_penalties(self) -> bool:
@@ -113,11 +121,14 @@ class SamplingMetadata:
                 md.top_k = to_dev(ks, np.int64)
             if any(p.min_p > 0.0 for p in params):
                 md.min_p = to_dev([p.min_p for p in params], np.float32)
-            md.generators = {
-                i: generators[r.request_id]
-                for i, r in enumerate(requests)
-                if r.sampling_params.sampling_type == SamplingType.RANDOM_SEED
-            }
+            for i, r in enumerate(requests):
+                if r.sampling_params.sampling_type == SamplingType.RANDOM_SEED:
+                    md.generators[i] = generators[r.request_id]
+                    # The position of the token sampled now, the same whether or not
+                    # the previous token is still in flight (async scheduling).
+                    num_tokens = len(r.prompt_token_ids) + r.num_output_tokens
+                    in_flight = r.request_id in in_flight_ids
+                    md.seeds[i] = (r.sampling_params.seed, num_tokens + in_flight)
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         md.max_num_logprobs = max(wanted) if wanted else None
         if any(_uses_penalties(p) for p in params):
@@ -131,8 +142,31 @@ class SamplingMetadata:
             md.presence_penalties = to_dev([p.presence_penalty for p in params], np.float32)
             md.frequency_penalties = to_dev([p.frequency_penalty for p in params], np.float32)
             md.repetition_penalties = to_dev([p.repetition_penalty for p in params], np.float32)
-        _add_min_tokens(md, requests, device, vocab_size, in_flight_ids)
+        min_tokens_rows = _add_min_tokens(md, requests, device, vocab_size, in_flight_ids)
+        if not all_greedy:
+            md.one_pass = _one_pass_rows(md, params, min_tokens_rows)
         return md
+
+
+def _one_pass_rows(md: SamplingMetadata, params: list, min_tokens_rows: set[int]) -> np.ndarray:
+    """Which rows need nothing but temperature (or greedy): see ``one_pass``.
+
+    A function of each request's own parameters and progress only, never of the batch,
+    so a seeded request takes the same path (and draws the same noise) in any batch.
+    """
+    if md.top_p is md.top_k is md.min_p is None and md.no_penalties and not min_tokens_rows:
+        return np.ones(len(params), dtype=bool)
+    ok = np.fromiter(
+        (
+            not _uses_penalties(p)
+            and (p.temperature == 0.0 or (p.top_p == 1.0 and p.top_k <= 0 and p.min_p == 0.0))
+            for p in params
+        ),
+        dtype=bool,
+        count=len(params),
+    )
+    ok[list(min_tokens_rows)] = False
+    return ok
 
 
 def _output_ids(request: Request, in_flight: dict[str, int]) -> list[int]:
@@ -166,8 +200,8 @@ def _add_min_tokens(
     device: torch.device,
     vocab_size: int,
     in_flight_ids: Collection[str],
-) -> None:
-    """Fill the (row, token) pairs that min_tokens forbids this step."""
+) -> set[int]:
+    """Fill the (row, token) pairs that min_tokens forbids this step; return the rows."""
     rows: list[int] = []
     token_ids: list[int] = []
     for i, r in enumerate(requests):
@@ -181,3 +215,4 @@ def _add_min_tokens(
         md.min_tokens_rows, md.min_tokens_token_ids = copy_to_device(
             [np.asarray(rows), np.asarray(token_ids)], np.int64, device
         )
+    return set(rows)

@@ -17,6 +17,12 @@ The order is vLLM's, and it matters:
 9. the exponential race, per-row generators for seeded requests;
 10. pick greedy or random per row; gather logprobs of the sampled tokens.
 
+Steps 2 and 5 to 10 cost a full pass over a ``[rows, vocab]`` float32 tensor each (six
+or more at Qwen3's 151,936 tokens); for the common request, temperature alone, one
+Triton kernel does them in a single read of the logits (``gumbel.py``, the Gumbel-max
+form of the same race). Rows that need more take the path above; in a mixed batch both
+run and each row keeps its own path's token.
+
 Beside the tokens, every row's raw logits are checked for being finite (their maximum
 is a finite number: no NaN, no +inf, not all -inf). A row that fails, say an overflow
 in one sequence, has no meaningful token; the runner reports that request failed and
@@ -26,6 +32,7 @@ all-greedy fast path the check is free: ``max`` returns the values with the argm
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -35,6 +42,9 @@ from minivllm.sample.logprobs import compute_logprobs, gather_logprobs
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.penalties import apply_penalties
 from minivllm.sample.topk_topp_sampler import apply_top_k_top_p, random_sample
+from minivllm.utils.torch_utils import copy_to_device
+
+_INT64 = np.iinfo(np.int64)
 
 
 class Sampler(nn.Module):
@@ -42,11 +52,21 @@ class Sampler(nn.Module):
 
     Args:
         generator: The engine-wide generator for requests without a seed.
+        use_gumbel_kernel: Sample temperature-only rows with the one-pass Triton kernel.
+            None (the default): on a GPU only; on the CPU the kernel runs in Triton's
+            interpreter (``TRITON_INTERPRET=1``), correct but slow, so only when asked.
     """
 
-    def __init__(self, generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self, generator: torch.Generator | None = None, use_gumbel_kernel: bool | None = None
+    ) -> None:
         super().__init__()
         self.generator = generator
+        self.use_gumbel_kernel = use_gumbel_kernel
+        # Unseeded rows get a fresh Philox key per step from here: a host generator, so
+        # the keys travel to the device in the one copy that carries the seeded rows'.
+        seed = generator.initial_seed() if generator is not None else torch.initial_seed()
+        self._key_rng = np.random.default_rng(seed)
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of ``logits [num_reqs, vocab]``."""
@@ -62,16 +82,28 @@ class Sampler(nn.Module):
             # is the argmax (first maximum, as argmax) with the values for the check.
             top, sampled = logits.max(dim=-1)
             return SamplerOutput(sampled, logits_finite=top.isfinite())
-        # One read of the raw logits; max() propagates NaN, so one value per row says it.
-        logits_finite = logits.amax(dim=-1).isfinite()
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             # vLLM's default "raw_logprobs": before any of the steps below.
             raw_logprobs = compute_logprobs(logits)
-        # A float32 copy: the steps below work in place, the caller's logits stay intact.
-        logits = logits.to(torch.float32, copy=True)
-        logits = self.apply_logits_processors(logits, metadata)
-        sampled = self.sample(logits, metadata)
+        one_pass = metadata.one_pass if self._gumbel_kernel_on(logits) else None
+        if one_pass is not None and one_pass.all():
+            sampled, logits_finite = self.gumbel_sample(logits, metadata)
+        else:
+            # One read of the raw logits; max() propagates NaN, so one value per row says it.
+            logits_finite = logits.amax(dim=-1).isfinite()
+            generators = metadata.generators
+            if one_pass is not None and one_pass.any():
+                # The one-pass rows' generators stay untouched: their draws come from
+                # the kernel, as they would in a batch of their own kind.
+                generators = {i: g for i, g in generators.items() if not one_pass[i]}
+            # A float32 copy: the steps below work in place, the caller's logits stay intact.
+            processed = logits.to(torch.float32, copy=True)
+            processed = self.apply_logits_processors(processed, metadata)
+            sampled = self.sample(processed, metadata, generators)
+            if one_pass is not None and one_pass.any():
+                fast, _ = self.gumbel_sample(logits, metadata, one_pass)
+                sampled = torch.where(fast == -1, sampled, fast)
         logprobs_tensors = None
         if raw_logprobs is not None:
             assert metadata.max_num_logprobs is not None
@@ -105,15 +137,23 @@ class Sampler(nn.Module):
             temperature = torch.where(temperature == 0.0, 1.0, temperature)
         return logits.div_(temperature.unsqueeze(1))
 
-    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """Greedy rows take the argmax; the others draw from their filtered distribution."""
+    def sample(
+        self,
+        logits: torch.Tensor,
+        metadata: SamplingMetadata,
+        generators: dict[int, torch.Generator] | None = None,
+    ) -> torch.Tensor:
+        """Greedy rows take the argmax; the others draw from their filtered distribution
+        (seeded rows from ``generators``, by default ``metadata.generators``)."""
         greedy = None if metadata.all_random else logits.argmax(dim=-1)
         if metadata.all_greedy:
             assert greedy is not None
             return greedy
         assert metadata.temperature is not None
         probs = self.compute_probs(logits, metadata)
-        sampled = random_sample(probs, metadata.generators, self.generator)
+        if generators is None:
+            generators = metadata.generators
+        sampled = random_sample(probs, generators, self.generator)
         if greedy is None:
             return sampled
         return torch.where(metadata.temperature == 0.0, greedy, sampled)
@@ -129,3 +169,43 @@ class Sampler(nn.Module):
             logits = apply_min_p(logits, metadata.min_p)
         logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
         return logits.softmax(dim=-1)
+
+    def _gumbel_kernel_on(self, logits: torch.Tensor) -> bool:
+        if self.use_gumbel_kernel is None:
+            return logits.is_cuda
+        return self.use_gumbel_kernel
+
+    def gumbel_sample(
+        self,
+        logits: torch.Tensor,
+        metadata: SamplingMetadata,
+        rows: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample every row with the one-pass kernel (``gumbel.py``).
+
+        Each row's Philox key is its request's seed (counter: the token's position), or
+        a fresh draw from the engine's seed for unseeded rows, so a seeded request's
+        tokens depend on nothing else in the batch.
+
+        Args:
+            logits: ``[num_reqs, vocab]`` raw logits (read only).
+            metadata: Temperatures (0 on greedy rows) and the seeded rows' keys.
+            rows: Host bool mask of the rows wanted; the others come back as -1.
+
+        Returns:
+            Token ids and the per-row finiteness flags.
+        """
+        from minivllm.sample.gumbel import gumbel_sample  # Triton: loaded on first use
+
+        assert metadata.temperature is not None
+        n = logits.shape[0]
+        keys = self._key_rng.integers(_INT64.min, _INT64.max, size=n, dtype=np.int64)
+        positions = np.zeros(n, dtype=np.int64)
+        for row, (seed, position) in metadata.seeds.items():
+            keys[row], positions[row] = seed, position
+        arrays = [keys, positions] if rows is None else [keys, positions, rows.astype(np.int64)]
+        on_device = copy_to_device(arrays, np.int64, logits.device)
+        sampled, finite = gumbel_sample(logits, metadata.temperature, *on_device[:2])
+        if rows is not None:
+            sampled = sampled.masked_fill_(on_device[2] == 0, -1)
+        return sampled, finite

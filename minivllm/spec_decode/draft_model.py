@@ -169,6 +169,7 @@ class DraftModelProposer:
         input_ids: torch.Tensor,
         next_token_ids: torch.Tensor,
         num_accepted: torch.Tensor | None,
+        catch_up_only: bool = False,
     ) -> torch.Tensor:
         """Run the catch-up pass and the chain; return ``[num_sampling, k]`` drafts.
 
@@ -181,10 +182,18 @@ class DraftModelProposer:
                 (device; -1 on a failed row, which is fed as token 0).
             num_accepted: ``[num_sampling]`` int64 drafts each request accepted (device),
                 or None: no request verified drafts.
+            catch_up_only: Only write the draft's K/V of the kept tokens (a step above
+                ``disable_by_batch_size``): the cache stays in step with the target's,
+                so speculation can resume later and prefix hits find the draft's K/V
+                too; returns ``[num_sampling, 0]``.
         """
         passes = self._layout(batch, input_ids, next_token_ids, num_accepted)
+        num_seqs = len(passes.sample_idx)
+        if catch_up_only:
+            self._run(passes.tokens, passes.positions, passes.meta)
+            return torch.empty((num_seqs, 0), dtype=torch.long, device=self.device)
         drafts = [self._greedy(passes.tokens, passes.positions, passes.meta, passes.sample_idx)]
-        if not len(passes.sample_idx):
+        if not num_seqs:
             return torch.empty((0, self.k), dtype=torch.long, device=self.device)
         for positions, meta in zip(passes.chain_positions, passes.chain_metas):
             drafts.append(self._greedy(drafts[-1], positions, meta, None))
@@ -306,18 +315,23 @@ class DraftModelProposer:
         meta: AttentionMetadata,
         sample_idx: torch.Tensor | None,
     ) -> torch.Tensor:
-        """One forward pass of the draft (a captured graph when one fits); the argmax at
-        ``sample_idx`` (every row if None)."""
-        graphs = self.graphs
-        key = None if graphs is None else graphs.graph_key(meta, input_ids.shape[0])
-        if key is not None:
-            hidden = graphs.run(key, input_ids, positions, meta)
-        else:
-            with set_forward_context(meta):
-                hidden = self.model(input_ids, positions)
+        """One forward pass of the draft; the argmax at ``sample_idx`` (every row if
+        None)."""
+        hidden = self._run(input_ids, positions, meta)
         if sample_idx is not None:
             hidden = hidden[sample_idx]
         return self.model.compute_logits(hidden).argmax(dim=-1)
+
+    def _run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """One forward pass of the draft (a captured graph when one fits): hidden states."""
+        graphs = self.graphs
+        key = None if graphs is None else graphs.graph_key(meta, input_ids.shape[0])
+        if key is not None:
+            return graphs.run(key, input_ids, positions, meta)
+        with set_forward_context(meta):
+            return self.model(input_ids, positions)
 
     def _block_table(self, batch: TargetBatch, max_position: int) -> np.ndarray:
         """The target's block table, each row continued past its own blocks by that

@@ -125,15 +125,22 @@ class PrevStep:
 
         A request whose input was in flight also sees the tokens it gained in the step
         in flight, and its drafts' values: only when its penalties or ``min_tokens``
-        read them (``reads_output_tokens``), since the values make the host wait for
-        this step (after the next step's forward pass is queued, so the device stays
-        busy). Other rows see token 0 for each draft in flight: their own penalties
-        and ``min_tokens`` read nothing, but a batch's penalty pass counts every row's
-        tokens, so each must be a valid id.
+        read them (``reads_output_tokens``), or, without drafts, when it is seeded (the
+        sampler's one-pass kernel draws a seeded row's noise at its position, which
+        counts them), since the values make the host wait for this step (after the next
+        step's forward pass is queued, so the device stays busy). Other rows see token 0
+        for each draft in flight: their own penalties and ``min_tokens`` read nothing,
+        but a batch's penalty pass counts every row's tokens, so each must be a valid id.
         """
         in_flight = set(in_flight_ids)
         needs = [
-            s for s in sampling if s.request_id in in_flight and reads_output_tokens(s.request)
+            s
+            for s in sampling
+            if s.request_id in in_flight
+            and (
+                reads_output_tokens(s.request)
+                or (not with_drafts and s.request.sampling_params.seed is not None)
+            )
         ]
         gained, drafts = self._read_outputs(needs) if needs else ({}, {})
         rows = []

@@ -11,9 +11,9 @@ first met during a user's run costs a second or more of compilation right then (
 throughput of a whole benchmark run, measured on the H200). minivllm removes both
 causes: the host-to-device copies keep every tensor 16-byte aligned (see
 ``copy_to_device``), and this warm-up launches each attention configuration the
-heuristics can choose, and the linear layers' small-M kernel for each layer shape (the
-other layer kernels have one variant each, compiled by the first forward pass or graph
-capture).
+heuristics can choose, the linear layers' small-M kernel for each layer shape, and the
+sampler's one-pass kernel (the other layer kernels have one variant each, compiled by the
+first forward pass or graph capture).
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ def kernel_warmup(runner: Any) -> None:
     backend compile nothing)."""
     if runner.device.type == "cuda":
         from minivllm.model_executor.layers.linear import warm_up_small_m_kernels
+        from minivllm.model_executor.layers.norm_linear import warm_up_norm_gemv
 
         with torch.inference_mode():
             warm_up_small_m_kernels(runner.model)
+            warm_up_norm_gemv(runner.model)  # the norm + projection kernel of decode
+            _warm_up_sampler(runner)
     if runner.attn_backend.name != "triton" or runner.device.type != "cuda":
         return
     from minivllm.attention.backends.triton_attn import warm_up_attention
@@ -56,6 +59,18 @@ def kernel_warmup(runner: Any) -> None:
     logger.info(
         "compiled %d attention kernel variants in %.1f s", count, time.perf_counter() - start
     )
+
+
+def _warm_up_sampler(runner: Any) -> None:
+    """The one-pass sampling kernels (``sample/gumbel.py``): one variant per model, set by
+    its logits' dtype and width, so one row of real logits compiles them."""
+    from minivllm.sample.gumbel import gumbel_sample
+
+    config = runner.model_config
+    hidden = torch.zeros(1, config.hf_config.hidden_size, dtype=config.dtype, device=runner.device)
+    logits = runner.model.compute_logits(hidden)  # the layout the sampler gets (all ranks)
+    zeros = torch.zeros(1, dtype=torch.int64, device=runner.device)
+    gumbel_sample(logits, torch.ones(1, device=runner.device), zeros, zeros)
 
 
 def _num_heads(runner: Any) -> int:

@@ -416,7 +416,15 @@ class ModelRunner:
         if self.drafter is None:
             return None
         assert inputs.batch is not None
-        return self.drafter.propose(inputs.batch, inputs.input_ids, sampled, num_accepted)
+        # Above disable_by_batch_size the draft's cache still follows the target (the
+        # catch-up pass), but no drafts are proposed: the engine and the scheduler ask
+        # the same rule.
+        spec = self.vllm_config.speculative_config
+        catch_up_only = not spec.speculates_at(len(inputs.batch.num_computed))
+        drafts = self.drafter.propose(
+            inputs.batch, inputs.input_ids, sampled, num_accepted, catch_up_only
+        )
+        return None if catch_up_only else drafts
 
     def _read_in_flight_tokens(self) -> dict[str, int]:
         """The previous step's sampled tokens by request id, for the penalties.

@@ -223,6 +223,13 @@ def test_ops_are_registered_and_pass_opcheck() -> None:
          out, b.scale, b.max_query_len, b.max_seq_len, None),
         test_utils=("test_schema", "test_faketensor"),
     )
+    # With this step's key/value (optional tensors in the schema).
+    torch.library.opcheck(
+        torch.ops.minivllm.paged_attention.default,
+        (b.query, b.key_cache, b.value_cache, b.block_table, b.seq_lens, b.query_start_loc,
+         out, b.scale, b.max_query_len, b.max_seq_len, None, b.key, b.value),
+        test_utils=("test_schema", "test_faketensor"),
+    )
     torch.library.opcheck(
         torch.ops.minivllm.reshape_and_cache.default,
         (b.key, b.value, b.key_cache, b.value_cache, b.slot_mapping),
@@ -341,25 +348,92 @@ def test_fused_merge_only_for_long_decode_segments() -> None:
     assert prefill.num_segments > 1 and not prefill.fused_reduce
 
 
-def test_long_prefills_use_large_tiles_and_match_reference() -> None:
-    """Queries averaging PREFILL_LARGE_AVG_QUERY_LEN tokens get 256-row tiles (exact on
-    q-blocks that cross the diagonal mid-tile, over a prefix); a decode-heavy batch, or
-    one that splits, keeps 128 rows."""
+def test_long_prefills_read_their_chunk_through_tma_and_match_reference() -> None:
+    """A prefill that does not split reads its chunk's keys through tensor descriptors
+    with the deeper pipeline (exact on q-blocks that cross the diagonal mid-tile, over a
+    prefix); one that splits reads the cache with the plain prefill tile."""
     b = make_paged_batch([(0, 130), (20, 140)], block_size=16, num_kv_heads=1, group=2,
                          head_size=64, dtype=torch.bfloat16, device=DEVICE, seed=17)
     kwargs = dict(num_heads=2, num_kv_heads=1, max_query_len=140, max_seq_len=160,
                   device=torch.device(DEVICE), head_size=64, element_size=2)
     config = select_config(num_tokens=270, num_seqs=2, num_kv_splits=1, **kwargs)
-    assert config.block_m == tlc.PREFILL_LARGE_BLOCK_M
-    assert select_config(num_tokens=270, num_seqs=130, num_kv_splits=1,
-                         **kwargs).block_m == tlc.PREFILL_BLOCK_M
-    # A grid that split-KV would fill gets the 128-row family instead (no 256-row splits).
-    assert select_config(num_tokens=270, num_seqs=2, num_kv_splits=2,
-                         **kwargs).block_m == tlc.PREFILL_BLOCK_M
+    assert config.new_kv == 2 and config.num_stages == tlc.PREFILL_DENSE_STAGES
+    assert config.block_m == tlc.PREFILL_BLOCK_M
+    split = select_config(num_tokens=270, num_seqs=2, num_kv_splits=2, **kwargs)
+    assert split.new_kv == 0 and split.num_stages == tlc.PREFILL_STAGES
+    # float32 caches and padded heads were not measured through TMA: pointers.
+    assert select_config(num_tokens=270, num_seqs=2, num_kv_splits=1,
+                         **{**kwargs, "element_size": 4}).new_kv == 1
+    assert select_config(num_tokens=270, num_seqs=2, num_kv_splits=1,
+                         **{**kwargs, "head_size": 80}).new_kv == 1
     _write_cache_both_ways(b)
     ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                     b.seq_lens, b.query_start_loc, b.scale)
+    for cfg in (config, split):
+        out = torch.full_like(b.query, float("nan"))
+        tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                     b.seq_lens, b.query_start_loc, out, b.scale, cfg,
+                                     key=b.key, value=b.value)
+        _check_close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("new_kv", [1, 2], ids=["pointers", "descriptors"])
+@pytest.mark.parametrize("batch", ["prefill", "chunked", "mixed"])
+def test_chunk_keys_read_from_the_step_match_reference(batch: str, new_kv: int,
+                                                       monkeypatch) -> None:
+    """With this step's key/value given, the chunk's own keys come from them (by pointers
+    or tensor descriptors), the cached prefix through the block table: exact on whole
+    prefills, chunks over a prefix (tiles straddle the prefix's end) and mixed batches."""
+    dtype = torch.bfloat16 if new_kv == 2 else torch.float32
+    b = make_paged_batch(BATCHES[batch], block_size=8, num_kv_heads=2, group=2,
+                         head_size=64, dtype=dtype, device=DEVICE, seed=23)
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    modes = []
+    real_mode = tua._new_kv_mode
+    monkeypatch.setattr(tua, "_new_kv_mode", lambda *a: modes.append(real_mode(*a)) or modes[-1])
     out = torch.full_like(b.query, float("nan"))
     tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
-                                 b.seq_lens, b.query_start_loc, out, b.scale, config)
-    _check_close(out, ref, torch.bfloat16)
+                                 b.seq_lens, b.query_start_loc, out, b.scale,
+                                 tlc.AttentionLaunchConfig(32, 16, 4, 2, 1, new_kv=new_kv),
+                                 key=b.key, value=b.value)
+    assert modes == [new_kv]
+    _check_close(out, ref, dtype)
+
+
+def test_prefills_read_the_step_keys_through_the_backend(monkeypatch) -> None:
+    """select_config gives prefill-sized launches without split-KV the dense mode, and
+    paged_attention forwards key/value to it; decode launches and split ones read the
+    cache; a key that the cache write cast (float32 into bf16) falls back to the cache."""
+    monkeypatch.setattr(tlc, "PREFILL_NEW_KV", 2)
+    kwargs = dict(num_heads=4, num_kv_heads=2, device=torch.device(DEVICE), head_size=64)
+    prefill = select_config(num_tokens=63, num_seqs=2, max_query_len=40, max_seq_len=40,
+                            num_kv_splits=1, **kwargs)
+    assert prefill.new_kv == 2
+    assert select_config(num_tokens=63, num_seqs=2, max_query_len=40, max_seq_len=40,
+                         num_kv_splits=2, **kwargs).new_kv == 0
+    assert select_config(num_tokens=2, num_seqs=2, max_query_len=1, max_seq_len=40,
+                         **kwargs).new_kv == 0
+    b = make_paged_batch(BATCHES["prefill"], block_size=16, num_kv_heads=2, group=2,
+                         head_size=64, dtype=torch.bfloat16, device=DEVICE, seed=29)
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    modes = []
+    real_mode = tua._new_kv_mode
+    monkeypatch.setattr(tua, "_new_kv_mode", lambda *a: modes.append(real_mode(*a)) or modes[-1])
+    for key, value in ((b.key, b.value), (b.key.float(), b.value.float())):
+        out = triton_attn.paged_attention(
+            b.query, b.key_cache, b.value_cache, b.block_table, b.seq_lens,
+            b.query_start_loc, b.scale, max_query_len=b.max_query_len,
+            max_seq_len=b.max_seq_len, num_kv_splits=1, key=key, value=value)
+        _check_close(out, ref, torch.bfloat16)
+    assert modes == [2, 0]
+    with pytest.raises(ValueError, match="key and value"):
+        triton_attn.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale, key=b.key)
+    with pytest.raises(ValueError, match="value must be"):
+        triton_attn.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale, key=b.key,
+                                    value=b.value[:-1])

@@ -19,6 +19,8 @@ SMALL = [
     "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "4",
     "--max-num-batched-tokens", "256", "--num-prompts", "2", "--output-len", "32",
     "--num-requests", "3", "--input-len-range", "4", "10", "--output-len-range", "2", "6",
+    "--sweep-batch-sizes", "1", "3", "--sweep-output-len", "8", "--sweep-prompt-len", "8",
+    "--margin-output-len", "12",
 ]  # fmt: skip
 
 
@@ -81,6 +83,91 @@ def test_throughput_ratio_comes_from_the_runs(result) -> None:
     assert 0 <= t["identical_requests"] <= 3
 
 
+def test_threshold_run_comes_from_the_runs(result) -> None:
+    t = result["throughput"]
+    th = t["ngram_threshold"]
+    assert th["k"] == 2 and th["async_scheduling"]  # n-gram with a threshold runs ahead
+    assert th["disable_by_batch_size"] == result["sweep"]["disable_by_batch_size"]
+    assert th["output_tokens"] == t["off"]["output_tokens"]
+    assert th["ratio_over_off"] == pytest.approx(
+        th["output_tokens_per_s"] / t["off"]["output_tokens_per_s"]
+    )
+    assert th["identical_requests"] == 3  # float32 on the CPU: lossless
+
+
+def test_sweep_rows_and_crossover_come_from_the_runs(result) -> None:
+    from minivllm.benchmarks.spec_decode_measure import crossover
+
+    sweep = result["sweep"]
+    assert (sweep["k"], sweep["output_len"], sweep["prompt_len"]) == (2, 8, 8)
+    rows = sweep["rows"]
+    assert [r["batch_size"] for r in rows] == [1, 3]
+    for row in rows:
+        b = row["batch_size"]
+        for name in ("ngram", "ngram_threshold"):
+            entry = row[name]
+            assert entry["output_tokens"] == row["off"]["output_tokens"] == 8 * b
+            assert entry["ratio_over_off"] == pytest.approx(
+                entry["output_tokens_per_s"] / row["off"]["output_tokens_per_s"]
+            )
+            assert entry["identical_to_off"] == b
+            assert 0 <= entry["num_accepted_tokens"] <= entry["num_draft_tokens"]
+        assert row["off"]["num_draft_tokens"] == 0
+    assert sweep["crossover"] == crossover(rows)
+    # No --disable-by-batch-size: the threshold is the crossover (1 if none paid).
+    assert sweep["threshold_from_sweep"]
+    assert sweep["disable_by_batch_size"] == (sweep["crossover"] or 1)
+
+
+def test_crossover_is_the_last_size_that_still_paid() -> None:
+    from minivllm.benchmarks.spec_decode_measure import crossover
+
+    def rows(*ratios):
+        return [
+            {"batch_size": b, "ngram": {"ratio_over_off": r}}
+            for b, r in zip([1, 4, 16, 64], ratios)
+        ]
+
+    assert crossover(rows(1.6, 1.2, 1.0, 0.7)) == 16
+    assert crossover(rows(1.6, 0.9, 1.1, 0.7)) == 1  # the first loss ends it
+    assert crossover(rows(0.9, 1.2, 1.1, 1.1)) is None
+
+
+def test_identity_margins_come_from_the_runs(result) -> None:
+    identity = result["identity"]
+    assert (identity["prompts"], identity["output_len"]) == (2, 12)
+    entry = result["batch1"]["ngram"]["2"]["greedy_margins"]
+    assert entry["num_prompts"] == 2
+    # float32 on the CPU: no divergence, so no margin to explain.
+    assert entry["num_identical"] == 2 and entry["divergences"] == []
+    assert identity["num_sequences"] == 2 * len(identity["by_setting"])
+    assert identity["num_identical"] == identity["num_sequences"]
+    assert identity["max_off_margin"] is None
+    assert identity["by_setting"]["ngram k=2"] == [2, 2]
+    gaps = identity["off_gaps"]  # off's top-2 gap at each of its 2 x 12 positions
+    assert gaps["num_positions"] == 24
+    assert 0 <= gaps["min"] <= gaps["p10"] <= gaps["median"]
+
+
+def test_margins_report_both_runs_at_the_first_divergence() -> None:
+    """The margin helper is bench tp's (compare_greedy), with spec's labels and lists."""
+    from minivllm.benchmarks.spec_decode_measure import margins
+    from minivllm.outputs import CompletionOutput
+    from minivllm.runner_outputs import Logprob
+
+    def completion(tokens, top2):
+        rows = [{a: Logprob(la, 1), b: Logprob(lb, 2)} for a, la, b, lb in top2]
+        return CompletionOutput(0, "", tokens, None, logprobs=rows)
+
+    off = completion([5, 6, 7], [(5, -1.0, 9, -3.0), (6, -2.0, 8, -2.0078125), (7, -1, 1, -4)])
+    on = completion([5, 8, 4], [(5, -1.0, 9, -3.0), (8, -2.0, 6, -2.0), (4, -1.0, 1, -2.0)])
+    found = margins([off, off], [on, off])
+    assert found["num_identical"] == 1 and found["max_off_margin"] == 0.0078125
+    (d,) = found["divergences"]
+    assert (d["prompt"], d["position"]) == (0, 1)
+    assert d["off_top2"] == [[6, -2.0], [8, -2.0078125]] and d["on_margin"] == 0.0
+
+
 def test_draft_model_measured_or_skipped_with_a_reason(result) -> None:
     draft = result["batch1"]["draft_model"]
     if "skipped" in draft:
@@ -112,6 +199,11 @@ def test_bad_arguments_named(tmp_path, capsys) -> None:
     assert "--ks" in capsys.readouterr().err
     assert main(["bench", "spec", "--draft-model", str(tmp_path), "--allow-cpu"]) == 2
     assert "--draft-model" in capsys.readouterr().err
+    argv = ["bench", "spec", "--allow-cpu", "--num-requests", "8", "--sweep-batch-sizes", "16"]
+    assert main(argv) == 2
+    assert "--sweep-batch-sizes" in capsys.readouterr().err
+    assert main(["bench", "spec", "--allow-cpu", "--disable-by-batch-size", "0"]) == 2
+    assert "--disable-by-batch-size" in capsys.readouterr().err
 
 
 def test_a_broken_model_fails_fast_with_the_reason(tmp_path) -> None:

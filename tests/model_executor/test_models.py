@@ -13,8 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from minivllm.attention.layer import Attention
 from minivllm.config import ModelConfig
+from minivllm.model_executor.custom_op import CustomOp
+from minivllm.model_executor.layers.norm_linear import NORM_GEMV_ENV
+from minivllm.model_executor.layers.qk_norm_rope import FUSED_QK_NORM_ROPE_ENV
 from minivllm.model_executor.loader import get_model
 from minivllm.model_executor.models.llama import LlamaForCausalLM
 from minivllm.model_executor.models.qwen2 import Qwen2ForCausalLM
@@ -132,3 +137,72 @@ def test_bfloat16_model_close_to_hf(tmp_path):
     # Attention accumulates differently (float32 softmax here); stay within bf16 noise.
     torch.testing.assert_close(logits.float(), expected.float(), atol=0.1, rtol=0.05)
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+class _KernelOps(TorchDispatchMode):
+    """The operators one decoder layer dispatches that launch a GPU kernel, in order.
+
+    Views and allocations launch none and are left out; the attention layer (its KV-cache
+    write and attention kernels belong to the attention backend) is one ``"attention"``.
+    """
+
+    NO_KERNEL = {"empty", "empty_like", "empty_strided", "lift_fresh"}
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.counting = self.in_attention = False
+        layer.register_forward_pre_hook(lambda *_: setattr(self, "counting", True))
+        layer.register_forward_hook(lambda *_: setattr(self, "counting", False))
+        attn = next(m for m in layer.modules() if isinstance(m, Attention))
+        attn.register_forward_pre_hook(lambda *_: self._enter_attention())
+        attn.register_forward_hook(lambda *_: setattr(self, "in_attention", False))
+
+    def _enter_attention(self) -> None:
+        if self.counting:
+            self.ops.append("attention")
+        self.in_attention = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if (self.counting and not self.in_attention and not func.is_view
+                and name not in self.NO_KERNEL):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+QK, NORM = FUSED_QK_NORM_ROPE_ENV, NORM_GEMV_ENV
+UNFUSED = ["fused_add_rms_norm", "mm"]  # the add + norm, then the cuBLAS projection
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="forces the kernels onto CPU tensors")
+@pytest.mark.parametrize(
+    "arch,switches_off,expected",
+    [
+        # 5 kernels + attention: add + norm + qkv, q/k norm + RoPE, o_proj, add + norm +
+        # gate/up, down with SiLU-and-mul fused in.
+        ("qwen3", [], ["rms_norm_gemv", "qk_norm_rope", "attention", "skinny_gemm",
+                       "rms_norm_gemv", "skinny_gemm"]),
+        # 7 + attention: the norms as kernels of their own.
+        ("qwen3", [NORM], [*UNFUSED, "qk_norm_rope", "attention", "skinny_gemm", *UNFUSED,
+                           "skinny_gemm"]),
+        # 9 + attention: and the q norm, the k norm and RoPE as three kernels.
+        ("qwen3", [NORM, QK], [*UNFUSED, "rms_norm", "rms_norm", "rotary_embedding",
+                               "attention", "skinny_gemm", *UNFUSED, "skinny_gemm"]),
+        ("llama", [], ["rms_norm_gemv", "rotary_embedding", "attention", "skinny_gemm",
+                       "rms_norm_gemv", "skinny_gemm"]),
+    ],
+)
+def test_decode_layer_kernel_launches(arch, switches_off, expected, tmp_path, monkeypatch):
+    """A batch-1 decode step runs exactly these kernels per layer: no copy, cast or split."""
+    for switch in switches_off:
+        monkeypatch.setenv(switch, "0")
+    model = _load(make_tiny_model(arch, tmp_path, num_hidden_layers=2))
+    runner = PagedForward(model, num_seqs=1)
+    mode = _KernelOps(model.model.layers[1])
+    with CustomOp.force("cuda"):
+        runner.step([PROMPTS[0][:2]])
+        mode.ops.clear()  # the prefill ran through the hooks outside the mode
+        with mode:
+            runner.step([[NEXT_TOKENS[0]]])
+    assert mode.ops == expected

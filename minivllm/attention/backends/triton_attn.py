@@ -116,6 +116,17 @@ def check_paged_attention_args(
         )
 
 
+def _check_step_kv(query: torch.Tensor, key_cache: torch.Tensor, **tensors: torch.Tensor) -> None:
+    """This step's key/value must be one row per query token, one KV head per cache head."""
+    expected = (query.shape[0], *key_cache.shape[2:])
+    for name, t in tensors.items():
+        if tuple(t.shape) != expected or t.stride(2) != 1 or t.device != query.device:
+            raise ValueError(
+                f"{name} must be {expected} with a contiguous last dim on {query.device}, "
+                f"got {tuple(t.shape)} on {t.device}"
+            )
+
+
 # ---------------------------------------------------------------------------------------
 # The custom ops. Each has a real implementation (launch Triton) and a fake one that
 # only describes effects on shapes; both ops write into arguments and return nothing,
@@ -154,6 +165,8 @@ def paged_attention_op(
     max_query_len: int,
     max_seq_len: int,
     num_kv_splits: int | None,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
 ) -> None:
     """Registered op: paged attention into ``out`` (see :func:`paged_attention`)."""
     config = select_config(
@@ -170,14 +183,14 @@ def paged_attention_op(
     )
     launch_unified_attention(
         query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, scale,
-        config,
+        config, key=key, value=value,
     )
 
 
 @paged_attention_op.register_fake
 def _paged_attention_fake(query, key_cache, value_cache, block_table, seq_lens,
                           query_start_loc, out, scale, max_query_len, max_seq_len,
-                          num_kv_splits) -> None:
+                          num_kv_splits, key=None, value=None) -> None:
     return None
 
 
@@ -218,6 +231,8 @@ def paged_attention(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     num_kv_splits: int | None = None,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of each sequence's new tokens over its cached context (Triton).
 
@@ -235,12 +250,19 @@ def paged_attention(
         num_kv_splits: Force the number of split-KV segments (1 = never split; a power of
             two >= 2 = always split that many ways). None = automatic (see
             ``triton_decode_split.choose_num_segments``).
+        key: This step's keys, ``[num_tokens, num_kv_heads, head_size]``, as just written
+            to the cache (``value`` likewise). A prefill then reads each chunk's own keys
+            from these dense rows, and only the cached prefix through the block table.
 
     Returns:
         ``out``.
     """
     check_paged_attention_args(query, key_cache, value_cache, block_table, seq_lens,
                                query_start_loc, out)
+    if (key is None) != (value is None):
+        raise ValueError("key and value must be given together (or neither)")
+    if key is not None:
+        _check_step_kv(query, key_cache, key=key, value=value)
     if num_kv_splits is not None and (num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1)):
         raise ValueError(f"num_kv_splits must be a power of two >= 1, got {num_kv_splits}")
     num_tokens, num_seqs = query.shape[0], seq_lens.shape[0]
@@ -252,7 +274,7 @@ def paged_attention(
         out = torch.empty_like(query)
     torch.ops.minivllm.paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out,
-        float(scale), int(max_query_len), int(max_seq_len), num_kv_splits,
+        float(scale), int(max_query_len), int(max_seq_len), num_kv_splits, key, value,
     )
     return out
 
@@ -264,12 +286,20 @@ def warm_up_attention(
 
     Each configuration of :func:`launch_configs` runs once on a one-token batch that
     reads block 0 of the given cache and writes only a scratch output, so the real
-    cache's dtype, layout and alignment are what Triton specializes on.
+    cache's dtype, layout and alignment are what Triton specializes on. The query, key
+    and value are views of one fused projection row, as the model hands them over (their
+    strides and alignment are specialized on too).
     """
     _check_cache(key_cache, value_cache)
-    head_size = key_cache.shape[3]
+    num_kv_heads, head_size = key_cache.shape[2:]
     device = key_cache.device
-    query = torch.zeros(1, num_heads, head_size, dtype=key_cache.dtype, device=device)
+    qkv = torch.zeros(
+        1, (num_heads + 2 * num_kv_heads) * head_size, dtype=key_cache.dtype, device=device
+    )
+    query, key, value = (
+        t.view(1, -1, head_size)
+        for t in qkv.split([num_heads * head_size, *(2 * [num_kv_heads * head_size])], dim=1)
+    )
     out = torch.empty_like(query)
     i32 = dict(dtype=torch.int32, device=device)
     block_table = torch.zeros(1, 1, **i32)
@@ -286,6 +316,6 @@ def warm_up_attention(
     for config in configs:
         launch_unified_attention(
             query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, 1.0,
-            config,
+            config, key=key, value=value,
         )
     return len(configs)

@@ -22,6 +22,17 @@ from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.weight_utils import default_weight_loader
 
 
+def rms_norm_native(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dim, in torch (HF's roundings).
+
+    The statistics and the scaling run in float32, the result is cast back to ``x``'s
+    dtype, and only then multiplied by the weight.
+    """
+    x32 = x.float()
+    variance = x32.pow(2).mean(dim=-1, keepdim=True)
+    return weight * (x32 * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
 class RMSNorm(CustomOp):
     """``y = w * x / sqrt(mean(x^2) + eps)``, computed in float32.
 
@@ -43,9 +54,7 @@ class RMSNorm(CustomOp):
         self.weight.weight_loader = default_weight_loader
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        variance = x32.pow(2).mean(dim=-1, keepdim=True)
-        return self.weight * (x32 * torch.rsqrt(variance + self.variance_epsilon)).to(x.dtype)
+        return rms_norm_native(x, self.weight, self.variance_epsilon)
 
     def forward_native(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

@@ -33,7 +33,10 @@ launch. One kernel, no second reduction launch, no zero-fill: this is "serial sp
 
 Fused SiLU-and-mul (``GATED``). For down_proj, ``x`` may be the ``[gate | up]`` output of
 gate_up_proj: the kernel then loads both halves and multiplies by ``silu(gate) * up``,
-which saves the activation's own kernel.
+which saves the activation's own kernel. Fused RMSNorm (``NORM``): for a tile that holds
+whole rows, the kernel adds the residual and normalises ``x`` first
+(``triton_norm_gemv.py``), which saves the norm's kernel. Both live in
+``triton_gemv_prologue.py``.
 
 Starting early (optional, ``MINIVLLM_GEMV_PDL=1``). Each program can ask L2 for all of
 its weights first (``prefetch.global.L2``, which does not wait), and under programmatic
@@ -57,6 +60,7 @@ import triton
 import triton.language as tl
 
 from minivllm.model_executor.custom_op import fake_noop, register_op
+from minivllm.model_executor.layers.triton_gemv_prologue import rms_norm_tile, silu_and_mul_tile
 
 # Triton reads TRITON_INTERPRET once, at import (tests/conftest.py sets it on the CPU).
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -126,17 +130,6 @@ def _prefetch_weights(w_ptr, cols, stride_wn, N, K, k_start, k_per_split):
         )
 
 
-@triton.jit
-def _silu_and_mul_tile(x_rows, ks, K, mask, dtype: tl.constexpr):
-    """Columns ``ks`` of ``silu(gate) * up`` for rows ``[gate | up]`` of width ``2 K``,
-    rounded exactly as ``silu_and_mul_kernel`` rounds them (silu in float32, rounded to
-    the model dtype, then the product rounded again)."""
-    gate = tl.load(x_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_rows + K + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    return (silu * up).to(dtype)
-
-
 @triton.jit(do_not_specialize=["M"])
 def skinny_gemm_kernel(
     x_ptr,
@@ -145,6 +138,10 @@ def skinny_gemm_kernel(
     out_ptr,
     partial_ptr,
     counter_ptr,
+    residual_ptr,
+    residual_out_ptr,
+    norm_w_ptr,
+    eps,
     M,
     N,
     K,
@@ -163,6 +160,8 @@ def skinny_gemm_kernel(
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
     GATED: tl.constexpr,
+    NORM: tl.constexpr = False,
+    HAS_RESIDUAL: tl.constexpr = False,
 ):
     """Program ``(n, s)``: output columns ``n * BLOCK_N ...`` from K-slice ``s``.
 
@@ -178,6 +177,9 @@ def skinny_gemm_kernel(
     # int64 addresses: N * K exceeds 2^31 for a large vocabulary's lm_head.
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    # NORM: the residual stream in and out, [M, K] with x's row stride.
+    r_rows = residual_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    r_out_rows = residual_out_ptr + rows.to(tl.int64)[:, None] * stride_xm
     k_start = pid_k * k_per_split
     if PREFETCH:
         _prefetch_weights(w_ptr, cols, stride_wn, N, K, k_start, k_per_split)
@@ -193,7 +195,10 @@ def skinny_gemm_kernel(
         w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         x_mask = row_ok[:, None] & k_ok[None, :]
         if GATED:
-            x = _silu_and_mul_tile(x_rows, ks, K, x_mask, x_ptr.dtype.element_ty)
+            x = silu_and_mul_tile(x_rows, ks, K, x_mask, x_ptr.dtype.element_ty)
+        elif NORM:  # one step covers all of K (the launcher checks), so whole rows
+            x = rms_norm_tile(x_rows, r_rows, r_out_rows, norm_w_ptr, ks, K, x_mask, eps,
+                              pid_n == 0, HAS_RESIDUAL, x_ptr.dtype.element_ty)  # fmt: skip
         else:
             x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0)
         if USE_DOT:
@@ -246,6 +251,23 @@ def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None
         )
         _workspaces[device] = ws
     return ws
+
+
+@dataclass(frozen=True)
+class NormPrologue:
+    """RMSNorm (with the residual add) applied to ``x`` as the GEMV loads it.
+
+    Attributes:
+        weight: The norm's ``[K]`` weight.
+        eps: Its epsilon.
+        residual: The residual stream ``[M, K]`` (None: normalise ``x`` alone).
+        residual_out: Where ``x + residual`` is written (the new stream), out of place.
+    """
+
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor | None = None
+    residual_out: torch.Tensor | None = None
 
 
 def default_config(m: int, n: int, k: int, pdl: bool = False) -> GemvConfig:
@@ -305,12 +327,14 @@ def launch_skinny_gemm(
     bias: torch.Tensor | None,
     config: GemvConfig,
     gated: bool = False,
+    norm: NormPrologue | None = None,
 ) -> None:
     """Launch the kernel with ``config``: ``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)``.
 
     With ``gated``, ``x`` is ``[M, 2K]`` = ``[gate | up]`` and the product is taken with
-    ``silu(gate) * up``. ``x``, ``weight`` and ``out`` must have unit stride along their
-    last dimension.
+    ``silu(gate) * up``. With ``norm``, with ``rms_norm(x + residual)`` (see
+    :class:`NormPrologue`; ``config`` must cover ``K`` in one step, unsplit). ``x``,
+    ``weight`` and ``out`` must have unit stride along their last dimension.
     """
     m = x.shape[0]
     k = weight.shape[1]
@@ -320,11 +344,18 @@ def launch_skinny_gemm(
     ws = _workspace(x.device) if split > 1 else None
     if ws is None or split * m * n > WORKSPACE_FLOATS or tiles > NUM_COUNTERS:
         split, ws = 1, None
+    if norm is not None and (split != 1 or config.block_k < k or gated):
+        raise ValueError(f"a norm prologue needs one unsplit step over K={k}, got {config}")
+    residual = norm.residual if norm is not None and norm.residual is not None else None
     partial, counters = ws if ws is not None else (out, out)  # unused when split == 1
     k_per_split = triton.cdiv(triton.cdiv(k, split), config.block_k) * config.block_k
     block_m = 16 if config.use_dot else max(1, triton.next_power_of_2(m))
     skinny_gemm_kernel[(tiles, split)](
         x, weight, bias if bias is not None else weight, out, partial, counters,
+        residual if residual is not None else x,
+        norm.residual_out if residual is not None else x,
+        norm.weight if norm is not None else x,
+        norm.eps if norm is not None else 0.0,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
         HAS_BIAS=bias is not None,
         BLOCK_M=block_m,
@@ -338,6 +369,8 @@ def launch_skinny_gemm(
         PREFETCH=(config.prefetch or config.pdl) and not _INTERPRETED,  # PTX, GPU only
         PDL=config.pdl and not _INTERPRETED,
         GATED=gated,
+        NORM=norm is not None,
+        HAS_RESIDUAL=residual is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **({"launch_pdl": True} if config.pdl and not _INTERPRETED else {}),

@@ -34,6 +34,7 @@ from minivllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from minivllm.model_executor.layers.logits_processor import LogitsProcessor
+from minivllm.model_executor.layers.norm_linear import rms_norm_linear
 from minivllm.model_executor.layers.rotary_embedding import (
     get_rope,
     rope_parameters_from_config,
@@ -87,16 +88,21 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]``."""
+        return self.forward_gate_up(self.gate_up_proj(x))
+
+    def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The rest of ``forward`` from ``gate_up_proj``'s output ``[T, 2 * intermediate]``
+        (the decoder layer runs ``gate_up_proj`` itself, fused with its norm)."""
         # down_proj applies act_fn itself: its small-M kernel fuses it into its loads.
-        return self.down_proj(self.gate_up_proj(x), act=self.act_fn)
+        return self.down_proj(gate_up, act=self.act_fn)
 
 
 class LlamaAttention(nn.Module):
     """Self-attention: fused QKV projection, RoPE, paged attention, output projection.
 
     Subclasses adapt it to a model family through two hooks: ``projection_biases``
-    (which projections carry a bias) and ``qk_norm`` (what happens to q and k before
-    RoPE).
+    (which projections carry a bias) and ``qk_norm_rope`` (what happens to q and k
+    between the projection and attention: RoPE, after a per-head norm in Qwen3).
 
     Args:
         config: The Hugging Face config.
@@ -143,16 +149,22 @@ class LlamaAttention(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         return bias, bias
 
-    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transform q and k before RoPE; identity for Llama and Qwen2."""
-        return q, k
+    def qk_norm_rope(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prepare q and k for attention: Llama and Qwen2 only rotate them (RoPE; on CUDA
+        one kernel, in place on the column slices of qkv)."""
+        return self.rotary_emb(positions, q, k)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]`` for the flat batch at ``positions`` ``[T]``."""
-        qkv = self.qkv_proj(hidden_states)
+        return self.forward_qkv(positions, self.qkv_proj(hidden_states))
+
+    def forward_qkv(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """The rest of ``forward`` from ``qkv_proj``'s output ``[T, (H + 2 KVH) * D]`` (the
+        decoder layer runs ``qkv_proj`` itself, fused with its norm)."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.qk_norm(q, k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.qk_norm_rope(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
 
@@ -160,7 +172,10 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
 
     The residual stream travels beside the hidden states as a separate tensor so that
-    each residual add happens inside the following ``RMSNorm`` call (fused add + norm).
+    each residual add happens inside the following ``RMSNorm`` call (fused add + norm),
+    and each norm is handed together with the projection after it to
+    ``rms_norm_linear``: at one or two tokens on a GPU, add, norm and projection are one
+    kernel; elsewhere it is the norm call, then the projection.
 
     Args:
         config: The Hugging Face config.
@@ -188,14 +203,15 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(sublayer output, residual stream)``; their sum is the layer output."""
-        if residual is None:  # first layer: the embeddings are the residual stream
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        # First layer: residual is None, and the embeddings become the residual stream.
+        qkv, residual = rms_norm_linear(
+            self.input_layernorm, self.self_attn.qkv_proj, hidden_states, residual
+        )
+        hidden_states = self.self_attn.forward_qkv(positions, qkv)
+        gate_up, residual = rms_norm_linear(
+            self.post_attention_layernorm, self.mlp.gate_up_proj, hidden_states, residual
+        )
+        return self.mlp.forward_gate_up(gate_up), residual
 
 
 class LlamaModel(nn.Module):

@@ -3,7 +3,9 @@
 Upstream counterpart: ``vllm/model_executor/models/qwen3.py`` (``Qwen3Attention``,
 ``Qwen3ForCausalLM``). Normalising q and k per head ("QK-norm") bounds the attention
 logits, which stabilises training; at inference it is two extra RMSNorms whose weight
-has ``head_dim`` entries, shared by all heads.
+has ``head_dim`` entries, shared by all heads. minivllm runs them together with RoPE as
+one layer (``QKNormRotaryEmbedding``: one kernel on CUDA), which upstream gets from a
+compiler pass that fuses the same three steps.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ from typing import Any
 import torch
 
 from minivllm.model_executor.layers.layernorm import RMSNorm
+from minivllm.model_executor.layers.qk_norm_rope import QKNormRotaryEmbedding
 from minivllm.model_executor.models.llama import LlamaAttention, LlamaForCausalLM
 
 
 class Qwen3Attention(LlamaAttention):
     """Llama attention plus per-head ``q_norm`` and ``k_norm``.
+
+    ``q_norm`` and ``k_norm`` hold the checkpoint's weights; the fused layer
+    ``qk_norm_rotary`` applies them and RoPE.
 
     Args:
         config: The Hugging Face config.
@@ -28,13 +34,16 @@ class Qwen3Attention(LlamaAttention):
         super().__init__(config, prefix=prefix)
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.qk_norm_rotary = QKNormRotaryEmbedding(
+            self.head_dim, config.rms_norm_eps, self.rotary_emb
+        )
 
-    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Normalise every head of q ``[T, H * D]`` and k ``[T, KVH * D]`` over its D values."""
-        num_tokens = q.shape[0]
-        q = self.q_norm(q.reshape(num_tokens, -1, self.head_dim)).view(num_tokens, -1)
-        k = self.k_norm(k.reshape(num_tokens, -1, self.head_dim)).view(num_tokens, -1)
-        return q, k
+    def qk_norm_rope(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalise every head of q ``[T, H * D]`` and k ``[T, KVH * D]`` over its D
+        values, then rotate both: one kernel on CUDA, in place on the slices of qkv."""
+        return self.qk_norm_rotary(positions, q, k, self.q_norm.weight, self.k_norm.weight)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

@@ -1,0 +1,207 @@
+"""Qwen3's per-head q/k RMSNorm and the rotary embedding, in place, in one Triton launch.
+
+Upstream counterpart: ``fused_qk_norm_rope`` (``vllm/_custom_ops.py``, CUDA kernel in
+``csrc/libtorch_stable/fused_qknorm_rope_kernel.cu``), which upstream's compiler pass
+``vllm/compilation/passes/fusion/qk_norm_rope_fusion.py`` substitutes for the sequence
+"split qkv, RMSNorm each q head, RMSNorm each k head, rotary embedding". Same contract:
+the query and key heads of the fused qkv projection output are normalised over their
+``D`` values with a weight of ``D`` entries (one for q, one for k) and then rotated by
+their token's position, in place; v is not touched.
+
+Why: at batch 1 a decoder layer is bound by how many kernels it launches, not by bytes.
+Unfused, this is three launches per layer (the q norm, the k norm, the rotary kernel),
+each a few microseconds of mostly fixed cost for a few kilobytes of data; fused it is
+one, and the normalised q and k never make a round trip through memory.
+
+One program handles one head of one token (grid ``[T, Hq + Hk]``; one warp for heads of
+up to 256 values): it reads the head once as a row for the sum of squares, then as its
+two halves (``x_i`` and its neox partner ``x_{i + D/2}``, from L1), normalises,
+multiplies by the weight and rotates. A decode step of one token is then ``Hq + Hk``
+small programs spread over as many SMs, rather than one program doing every head.
+
+Rounding is that of the two unfused kernels, step by step, so the fused result has the
+same bits as ``triton_layernorm.rms_norm`` followed by ``triton_rotary.rotary_embedding``
+(and agrees with the torch reference as they do): the sum of squares is the same
+``tl.sum`` over a ``[next_pow2(D)]`` row with the same warp count, ``x * rstd`` and the
+weight product are each rounded to the model dtype, then every rotary product and sum.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.model_executor.custom_op import fake_noop, register_op
+
+
+@triton.jit
+def qk_norm_rope_kernel(
+    positions_ptr,
+    query_ptr,
+    key_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    cos_sin_cache_ptr,
+    query_stride,
+    key_stride,
+    cache_stride,
+    num_q_heads,
+    head_size,
+    eps,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    """Token ``program_id(0)``, head ``program_id(1)`` (q heads first, then k heads)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    if head < num_q_heads:
+        row = query_ptr + token * query_stride + head * HEAD_SIZE
+        weight_ptr = q_weight_ptr
+    else:
+        row = key_ptr + token * key_stride + (head - num_q_heads) * HEAD_SIZE
+        weight_ptr = k_weight_ptr
+    dtype = query_ptr.dtype.element_ty
+    half: tl.constexpr = HEAD_SIZE // 2
+
+    # RMSNorm statistics over the whole head, as rms_norm_kernel computes them for a row.
+    d = tl.arange(0, BLOCK_D)
+    x = tl.load(row + d, mask=d < HEAD_SIZE, other=0.0).to(tl.float32)
+    # Divided by a runtime int, as there: the same division instruction, the same bits.
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / head_size + eps)
+
+    # The two halves of the neox pairing, normalised with rms_norm_kernel's roundings.
+    cols = tl.arange(0, BLOCK_HALF)
+    mask = cols < half
+    x1 = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(row + half + cols, mask=mask, other=0.0).to(tl.float32)
+    w1 = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    w2 = tl.load(weight_ptr + half + cols, mask=mask, other=0.0).to(tl.float32)
+    x1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    x2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+
+    # Rotate with rotary_embedding_kernel's roundings: cos/sin in the model dtype, each
+    # product and each sum rounded to it.
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    cache_row = cos_sin_cache_ptr + pos * cache_stride
+    cos = tl.load(cache_row + cols, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(cache_row + half + cols, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    x1c = (x1 * cos).to(dtype).to(tl.float32)
+    x2s = (x2 * sin).to(dtype).to(tl.float32)
+    x2c = (x2 * cos).to(dtype).to(tl.float32)
+    x1s = (x1 * sin).to(dtype).to(tl.float32)
+    tl.store(row + cols, (x1c - x2s).to(dtype), mask=mask)
+    tl.store(row + half + cols, (x2c + x1s).to(dtype), mask=mask)
+
+
+def _qk_norm_rope_impl(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    epsilon: float,
+) -> None:
+    num_tokens = positions.shape[0]
+    if num_tokens == 0:
+        return
+    num_q_heads = query.shape[1] // head_size
+    num_k_heads = key.shape[1] // head_size
+    block = triton.next_power_of_2(head_size)
+    qk_norm_rope_kernel[(num_tokens, num_q_heads + num_k_heads)](
+        positions,
+        query,
+        key,
+        q_weight,
+        k_weight,
+        cos_sin_cache,
+        query.stride(0),
+        key.stride(0),
+        cos_sin_cache.stride(0),
+        num_q_heads,
+        head_size,
+        epsilon,
+        HEAD_SIZE=head_size,
+        BLOCK_D=block,
+        BLOCK_HALF=triton.next_power_of_2(head_size // 2),
+        # rms_norm_kernel's warp count for a row of this size (one warp up to 256 values):
+        # the same reduction tree, hence the same sum of squares.
+        num_warps=min(max(block // 256, 1), 8),
+    )
+
+
+register_op(
+    "qk_norm_rope",
+    "(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor q_weight, Tensor k_weight, "
+    "Tensor cos_sin_cache, int head_size, float epsilon) -> ()",
+    _qk_norm_rope_impl,
+    fake_noop,
+)
+
+
+def _check(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+) -> None:
+    num_tokens = positions.shape[0]
+    if positions.dim() != 1 or positions.is_floating_point():
+        raise ValueError(
+            f"positions must be a 1-D integer tensor, got "
+            f"{tuple(positions.shape)}/{positions.dtype}"
+        )
+    if head_size <= 0 or head_size % 2:
+        raise ValueError(f"head_size must be even and positive, got {head_size}")
+    for name, t in (("query", query), ("key", key)):
+        if t.dim() != 2 or t.shape[0] != num_tokens or t.shape[1] % head_size or (t.stride(1) != 1):
+            raise ValueError(
+                f"{name} must be [{num_tokens}, heads * {head_size}] with contiguous rows, "
+                f"got shape {tuple(t.shape)} strides {tuple(t.stride())}"
+            )
+    if key.dtype != query.dtype:
+        raise ValueError(f"key dtype {key.dtype} must match query dtype {query.dtype}")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w.shape != (head_size,) or w.dtype != query.dtype or not w.is_contiguous():
+            raise ValueError(
+                f"{name} must be a contiguous [{head_size}] tensor of "
+                f"{query.dtype}, got {tuple(w.shape)}/{w.dtype}"
+            )
+    if (
+        cos_sin_cache.dim() != 2
+        or cos_sin_cache.shape[1] != head_size
+        or (cos_sin_cache.stride(1) != 1)
+    ):
+        raise ValueError(
+            f"cos_sin_cache must be [max_position, {head_size}], got {tuple(cos_sin_cache.shape)}"
+        )
+
+
+def qk_norm_rope(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    epsilon: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm every head of ``query`` ``[T, Hq * D]`` with ``q_weight`` ``[D]`` and of
+    ``key`` ``[T, Hk * D]`` with ``k_weight``, then rotate both by ``positions``; in place.
+
+    Rows may be strided (column slices of the qkv output) but each row must be contiguous.
+    Positions are not range-checked (that would need a device sync); they must be below
+    ``cos_sin_cache.shape[0]``. Returns ``(query, key)``.
+    """
+    _check(positions, query, key, q_weight, k_weight, cos_sin_cache, head_size)
+    torch.ops.minivllm.qk_norm_rope(
+        positions, query, key, q_weight, k_weight, cos_sin_cache, head_size, float(epsilon)
+    )
+    return query, key
