@@ -74,22 +74,37 @@ def _capture(fn: Callable[[], object], times: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _bench_graph(fn: Callable[[], object], reps: int = 20) -> float:
+def l2_flush(dirty: bool = False) -> Callable[[], object]:
+    """A callable that evicts L2 by streaming a 256 MiB buffer through it.
+
+    By default it *reads* the buffer, which leaves L2 full of clean lines: the next kernel
+    starts cold, as after a model's weight-reading GEMMs. ``dirty=True`` zeroes it
+    instead (the first two rounds' flush): L2 is then full of dirty lines, and the next
+    kernel also pays for writing up to an L2's worth of them back to memory.
+    """
+    buffer = torch.zeros(256 << 20, dtype=torch.int8, device="cuda")
+    if dirty:
+        return buffer.zero_
+    return lambda: torch.sum(buffer, dtype=torch.int32)
+
+
+def _bench_graph(fn: Callable[[], object], reps: int = 20, dirty_flush: bool = False) -> float:
     """Device milliseconds of one cold-cache call of ``fn``, launch overhead amortised.
 
     One CUDA graph holds ``reps`` times "flush L2, call fn"; a second holds only the
     flushes. The difference over ``reps`` is the time of ``fn`` alone, starting from a
     cold L2 each time, with kernels back to back as in a captured model step (a single
     replay per measurement would add ~10 us of graph-launch latency to every figure).
+    ``dirty_flush`` picks the flush that leaves dirty lines (see :func:`l2_flush`).
     """
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    flush = l2_flush(dirty_flush)
 
     def flushed() -> None:
-        flush.zero_()
+        flush()
         fn()
 
     with_fn = _capture(flushed, reps)
-    flush_only = _capture(flush.zero_, reps)
+    flush_only = _capture(flush, reps)
     return (_bench(with_fn.replay) - _bench(flush_only.replay)) / reps
 
 
@@ -188,6 +203,8 @@ def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> 
         triton_attn.paged_attention(*args, out=out, max_query_len=1, max_seq_len=context)
 
     t_paged = _bench_graph(paged_fn)
+    # The same call after a flush that leaves L2 dirty: what the first two rounds measured.
+    t_paged_dirty = _bench_graph(paged_fn, dirty_flush=True)
     t_paged_eager = _bench(paged_fn)
     k_c, v_c = contiguous_kv(paged, batch, context)
     # SDPA with GQA packed the same way the kernel packs it: the group's query heads act
@@ -213,6 +230,8 @@ def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> 
         "paged_ms": t_paged, "paged_pct_copy_bw": 100 * nbytes / (t_paged * 1e-3) / copy_bw,
         "sdpa_ms": t_sdpa, "sdpa_pct_copy_bw": 100 * nbytes / (t_sdpa * 1e-3) / copy_bw,
         "paged_over_sdpa": t_paged / t_sdpa,
+        "paged_ms_dirty_flush": t_paged_dirty,
+        "paged_pct_copy_bw_dirty_flush": 100 * nbytes / (t_paged_dirty * 1e-3) / copy_bw,
         "paged_eager_ms": t_paged_eager,
         "reference_ms": t_ref, "reference_note": ref_note,
         "max_abs_diff_vs_sdpa": err,
@@ -325,7 +344,9 @@ def run_kernel_bench(args: argparse.Namespace) -> dict:
     print(f"copy bandwidth: {copy_bw / 1e12:.2f} TB/s", flush=True)
     results["timing"] = (
         "device time per call: median over do_bench runs of a CUDA graph of 20 x (L2 flush + "
-        "call), minus the same graph without the call, divided by 20; paged_eager_ms is one "
+        "call), minus the same graph without the call, divided by 20; the flush reads a 256 "
+        "MiB buffer (clean L2); *_dirty_flush: the flush zeroes it instead (L2 full of dirty "
+        "lines, the first two rounds' method); paged_eager_ms is one "
         "eager call timed by do_bench, host overhead included; the reference is wall clock "
         "(it syncs with the host)")
     results["host_overhead_us"] = _host_overheads()
@@ -340,7 +361,8 @@ def run_kernel_bench(args: argparse.Namespace) -> dict:
             row = bench_decode(batch, context, copy_bw, args.reference_max_s)
             results["decode"].append(row)
             print(f"decode B{batch:<4} C{context:<6} split={row['num_kv_splits']:<3} "
-                  f"paged {row['paged_ms']:.4f} ms ({row['paged_pct_copy_bw']:.0f}% BW)  "
+                  f"paged {row['paged_ms']:.4f} ms ({row['paged_pct_copy_bw']:.0f}% BW; "
+                  f"dirty-L2 flush {row['paged_pct_copy_bw_dirty_flush']:.0f}%)  "
                   f"sdpa {row['sdpa_ms']:.4f} ms  x{row['paged_over_sdpa']:.2f}  "
                   f"ref {row['reference_ms']}", flush=True)
             torch.cuda.empty_cache()

@@ -6,13 +6,14 @@ linear layers' small-M kernel off (``MINIVLLM_GEMV_MAX_M=0``: cuBLAS for every s
 on (the default row limit) and, with ``--sides``, on with programmatic dependent launch
 (``MINIVLLM_GEMV_PDL=1``), on with the decoder layer's fusions undone (``on_unfused``:
 Qwen3's q/k norm and rotary embedding as three kernels, ``MINIVLLM_FUSED_QK_NORM_ROPE=0``,
-and each RMSNorm a kernel of its own, ``MINIVLLM_NORM_GEMV=0``), or with only the second
-undone (``on_qk_fused``). It writes one JSON with every run, the medians of each side and
-each side's ratio to the baseline (``--baseline``, ``off`` unless told). Separate
-processes, because the layers bind their implementation at the first forward pass and
-the captured CUDA graphs keep it; alternating, so that a drift of the GPU's clocks over
-the run shows as a spread between rounds rather than as a ratio. Any option after ``--``
-goes to ``minivllm bench latency`` unchanged.
+and each RMSNorm a kernel of its own, ``MINIVLLM_NORM_GEMV=0``), with only the second
+undone (``on_qk_fused``), or with both fusions on (``on_norm_gemv``). It writes one
+JSON with every run, the medians of each side and each side's ratio to the baseline
+(``--baseline``, ``off`` unless told). Separate processes, because the layers bind their
+implementation at the first forward pass and the captured CUDA graphs keep it;
+alternating, so that a drift of the GPU's clocks over the run shows as a spread between
+rounds rather than as a ratio. Any option after ``--`` goes to ``minivllm bench latency``
+unchanged.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ from minivllm.model_executor.layers.qk_norm_rope import FUSED_QK_NORM_ROPE_ENV
 from minivllm.model_executor.layers.triton_skinny_gemm import PDL_ENV
 
 # The environment of each side: kernel off, on, on with programmatic dependent launch, on
-# with the decoder layer's fusions undone (the default before them), and on with only the
-# q/k norm + RoPE fusion.
+# with the decoder layer's fusions undone (the default before them), on with only the
+# q/k norm + RoPE fusion, and on with it and RMSNorm folded into the next GEMV.
 SIDES: dict[str, dict[str, str]] = {
     "off": {GEMV_MAX_M_ENV: "0"},
     "on": {},
     "on_pdl": {PDL_ENV: "1"},
     "on_unfused": {FUSED_QK_NORM_ROPE_ENV: "0", NORM_GEMV_ENV: "0"},
     "on_qk_fused": {NORM_GEMV_ENV: "0"},
+    "on_norm_gemv": {NORM_GEMV_ENV: "1"},
 }
 # Variables a side sets; every child starts without them, then gets its side's.
 SWITCHES = (GEMV_MAX_M_ENV, PDL_ENV, FUSED_QK_NORM_ROPE_ENV, NORM_GEMV_ENV)

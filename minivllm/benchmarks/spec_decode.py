@@ -8,7 +8,7 @@ Three measurements, each against the engine without speculation on the same requ
    statistics (rate per draft position, mean acceptance length);
 2. the same with a draft model (``--draft-model PATH``), when this minivllm has that
    proposer; otherwise the part is skipped and the JSON says why;
-3. a batch-size sweep (``--sweep-batch-sizes``, see ``spec_decode_sweep``): off, n-gram
+3. a batch-size sweep (``--sweep-batch-sizes``, see ``spec_decode_measure``): off, n-gram
    at ``--throughput-k``, and n-gram with ``disable_by_batch_size`` on the same
    requests at each batch size; the largest size where speculation still paid is the
    threshold (unless ``--disable-by-batch-size`` names one);
@@ -117,6 +117,17 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--margin-output-len", type=int, default=64)
     parser.add_argument(
+        "--repeat-off",
+        action="store_true",
+        help="run the sweep with speculation off once more after the other settings: "
+        "how much the same setting drifts over one run",
+    )
+    parser.add_argument(
+        "--no-throughput",
+        action="store_true",
+        help="skip the batch-256 throughput workload (the sweep still draws its prompts)",
+    )
+    parser.add_argument(
         "--no-plot",
         action="store_true",
         help="write the JSON only (the plot: python -m "
@@ -163,7 +174,7 @@ def draft_model_unavailable() -> str | None:
 def _spec_config(
     method: str, k: int, args: argparse.Namespace, threshold: int | None = None
 ) -> dict[str, Any] | None:
-    if method == "off":
+    if method in ("off", "off_again"):
         return None
     if method in ("ngram", "ngram_threshold"):
         config = {
@@ -296,6 +307,8 @@ class SpecBench:
             settings.append(("ngram", self.throughput_k))
         if self.thresholded:
             settings.append(("ngram_threshold", self.throughput_k))
+        if self.large and self.batch_sizes and args.repeat_off:
+            settings.append(("off_again", 0))
         settings += [("ngram", k) for k in args.ks if not (self.large and k == self.throughput_k)]
         if args.draft_model is not None and self.draft_skipped is None:
             settings += [("draft_model", k) for k in args.draft_ks or args.ks]
@@ -308,6 +321,7 @@ class SpecBench:
             ("off", 0),
             ("ngram", self.throughput_k),
             ("ngram_threshold", self.throughput_k),
+            ("off_again", 0),
         )
         if method == "ngram_threshold" and self.threshold is None:
             self.threshold = measure.crossover(self.result["sweep"]["rows"]) or 1
@@ -329,11 +343,11 @@ class SpecBench:
                     "prompt_tokens": [len(p) for p in self.prompts],
                     "output_len": args.output_len,
                 }
-            if method != "ngram_threshold" and (method != "ngram" or k in args.ks):
+            if method in ("off", "draft_model") or (method == "ngram" and k in args.ks):
                 self._batch1(llm, method, k, async_scheduling)
             if large and self.batch_sizes:
                 self._sweep(llm, method, k)
-            if large and args.num_requests:
+            if large and method != "off_again" and not args.no_throughput:
                 self._throughput(llm, method, k, async_scheduling)
         finally:
             llm.shutdown()
@@ -409,6 +423,7 @@ class SpecBench:
             sweep_result["crossover"] = measure.crossover(sweep_result["rows"])
         if method == "ngram_threshold":
             sweep_result["disable_by_batch_size"] = self.threshold
+            sweep_result.setdefault("threshold_from_sweep", False)
 
     def _throughput(self, llm, method: str, k: int, async_scheduling: bool) -> None:
         run = measure.measure_throughput(llm, self.workload)

@@ -104,6 +104,7 @@ def _plot_sweep(sweep: dict | None, throughput: dict | None, ax) -> None:
     for name, label in (
         ("ngram", f"n-gram k={sweep['k']}"),
         ("ngram_threshold", f"... with disable_by_batch_size={sweep.get('disable_by_batch_size')}"),
+        ("off_again", "off again, last (drift)"),
     ):
         if rows and name in rows[0]:
             ax.plot(sizes, [r[name]["ratio_over_off"] for r in rows], marker="o", label=label)
@@ -149,7 +150,8 @@ def _plot_margins(results: dict, ax) -> None:
             )
     if all_ks:
         ax.set_xlim(min(all_ks) - 0.5, max(all_ks) + 0.5)
-    ax.set_ylim(bottom=0)
+    top = identity["max_off_margin"]
+    ax.set_ylim(0, 1.0 if not top else top * 1.4)  # room for the labels above the points
     ax.set_xlabel("k (num_speculative_tokens)")
     ax.set_ylabel("off's top-2 logprob gap at the first divergence")
     ax.set_title(

@@ -327,9 +327,8 @@ class EngineCore:
         spec = self.vllm_config.speculative_config
         if spec is None or self.drafter is None:
             return False  # a draft model's drafts stay on the device (sched_async_spec)
-        return bool(scheduler_output.scheduled_spec_decode_tokens) or spec.speculates_at(
-            len(scheduler_output.scheduled)
-        )
+        scheduled = scheduler_output.scheduled
+        return spec.speculates_at(len(scheduled)) or any(s.spec_token_ids for s in scheduled)
 
     def _propose_drafts(self, runner_output: ModelRunnerOutput) -> None:
         """Drafts for the next step of every request about to decode: the n-gram

@@ -104,21 +104,30 @@ class RejectionSampler(nn.Module):
         if not (md.all_greedy and md.no_penalties and md.min_tokens_rows is None):
             # A float32 copy: the stages below work in place (as in Sampler.forward).
             logits = Sampler.apply_logits_processors(logits.to(torch.float32, copy=True), md)
-        target_idx = metadata.target_logits_indices
-        drafts = metadata.draft_token_ids
         argmax = None if md.all_random else logits.argmax(dim=-1)
         if md.all_greedy:
+            # The whole verdict on the grid: a cell's draft is accepted when the argmax
+            # of its row equals it (a cell without a draft holds -1, equal to none).
             assert argmax is not None
-            accepted, emitted = drafts == argmax[target_idx], argmax
+            emitted = argmax[metadata.sampled_rows]
+            accepted = metadata.draft_grid == emitted
         else:
+            target_idx, drafts = metadata.target_logits_indices, metadata.draft_token_ids
             probs = self.sampler.compute_probs(logits, md)
-            accepted, emitted = self._random_rows(probs, draft_probs, metadata, md)
+            flat_accepted, flat_emitted = self._random_rows(probs, draft_probs, metadata, md)
             if argmax is not None:
                 assert md.temperature is not None
                 greedy = md.temperature == 0.0
-                accepted = torch.where(greedy[target_idx], drafts == argmax[target_idx], accepted)
-                emitted = torch.where(greedy, argmax, emitted)
-        output, rows = assemble_output(metadata, accepted, emitted)
+                flat_accepted = torch.where(
+                    greedy[target_idx], drafts == argmax[target_idx], flat_accepted
+                )
+                flat_emitted = torch.where(greedy, argmax, flat_emitted)
+            # Cells without a draft read a False appended after the last one.
+            padded = torch.cat([flat_accepted, flat_accepted.new_zeros(1)])
+            accepted = padded[metadata.draft_index_grid]
+            emitted = flat_emitted[metadata.sampled_rows]
+        output = assemble_output(metadata, accepted, emitted)
+        rows = metadata.sampled_rows
         logprobs_tensors = None
         if raw_logprobs is not None:
             assert md.max_num_logprobs is not None
@@ -213,15 +222,9 @@ class RejectionSampler(nn.Module):
 
 def requests_finite(logits: torch.Tensor, metadata: SpecDecodeMetadata) -> torch.Tensor:
     """``[batch]`` bool: all of the request's sampled rows are finite (as the Sampler's
-    check: the row's maximum is a finite number)."""
-    bad_rows = (~logits.amax(dim=-1).isfinite()).long()
-    cu = metadata.cu_num_sampled_tokens
-    num_rows = torch.diff(cu, prepend=cu.new_zeros(1))
-    request_of_row = torch.repeat_interleave(
-        torch.arange(len(num_rows), device=cu.device), num_rows, output_size=logits.shape[0]
-    )  # output_size: the host knows it, so the device need not be asked
-    bad = torch.zeros(len(num_rows), dtype=torch.long, device=logits.device)
-    return bad.index_add_(0, request_of_row, bad_rows) == 0
+    check: the row's maximum is a finite number). A request's cells in
+    ``metadata.sampled_rows`` name exactly its rows (the bonus row repeated)."""
+    return logits.amax(dim=-1).isfinite()[metadata.sampled_rows].all(dim=1)
 
 
 def residual_probs(
@@ -272,36 +275,27 @@ def uniform_per_draft(
 
 def assemble_output(
     metadata: SpecDecodeMetadata, accepted: torch.Tensor, emitted: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Each request's accepted run of drafts and the one token after it, as a grid.
 
     Args:
         metadata: The batch layout.
-        accepted: ``[num_drafts]`` bool, each draft judged on its own.
-        emitted: ``[num_sampled_rows]`` the token each row emits if the request stops
-            there.
+        accepted: ``[batch, max_spec_len + 1]`` bool, each cell's draft judged on its
+            own (False where the cell holds no draft).
+        emitted: ``[batch, max_spec_len + 1]`` the token the request emits if it stops
+            at the cell (the cell's sampled row's).
 
     Returns:
-        ``[batch, max_spec_len + 1]`` int64 tokens (``PLACEHOLDER_TOKEN_ID`` after the
-        last), and the sampled row behind each cell of it (for logprobs).
+        ``[batch, max_spec_len + 1]`` int64 tokens, ``PLACEHOLDER_TOKEN_ID`` after the
+        last. Every index here was laid out on the host (``SpecDecodeMetadata``), so
+        this is five whole-grid operations.
     """
-    device = emitted.device
-    cu_draft = metadata.cu_num_draft_tokens
-    num_draft = torch.diff(cu_draft, prepend=cu_draft.new_zeros(1))
-    cols = torch.arange(metadata.max_spec_len + 1, device=device)
-    is_draft = cols < num_draft.unsqueeze(1)
-    # Cells that hold no draft read a sentinel appended after the last one.
-    sentinel = accepted.shape[0]
-    draft_idx = torch.where(is_draft, (cu_draft - num_draft).unsqueeze(1) + cols, sentinel)
-    accepted_grid = torch.cat([accepted, accepted.new_zeros(1)])[draft_idx]
-    draft_grid = torch.cat([metadata.draft_token_ids, emitted.new_full((1,), -1)])[draft_idx]
-    # Accepted drafts count only up to the first rejection.
-    num_accepted = accepted_grid.long().cumprod(dim=1).sum(dim=1, keepdim=True)
-    first_row = metadata.cu_num_sampled_tokens - num_draft - 1
-    rows = first_row.unsqueeze(1) + torch.minimum(cols, num_draft.unsqueeze(1))
-    output = torch.where(cols == num_accepted, emitted[rows], PLACEHOLDER_TOKEN_ID)
-    output = torch.where(cols < num_accepted, draft_grid, output)
-    return output, rows
+    # Accepted drafts count only up to the first rejection; the last column never
+    # holds a draft, so every request stops somewhere.
+    num_accepted = accepted.cumprod(dim=1).sum(dim=1, keepdim=True)
+    cols = metadata.grid_cols
+    output = torch.where(cols == num_accepted, emitted, PLACEHOLDER_TOKEN_ID)
+    return torch.where(cols < num_accepted, metadata.draft_grid, output)
 
 
 class RequestAtRow:

@@ -39,7 +39,6 @@ same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -48,7 +47,7 @@ from torch import nn
 
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.utils.math_utils import cdiv
-from minivllm.utils.torch_utils import copy_to_device
+from minivllm.utils.torch_utils import copy_arrays_to_device
 
 
 @dataclass
@@ -210,8 +209,23 @@ class DraftModelProposer:
         what only the device knows (accepted drafts, ``batch.position_shift``)."""
         assert self.num_blocks is not None, "set_num_blocks() has not run"
         plan = self._plan(batch, input_ids.shape[0])
-        dev = partial(copy_to_device, device=self.device)
-        src, req_idx, positions, first_draft_idx, first_draft_pos, rows, table64 = dev(
+        num_seqs = len(plan.rows)
+        # One host-to-device copy for the whole proposal (int64 for ids, positions and
+        # slots, int32 for the attention kernel's tables).
+        i64, i32 = np.int64, np.int32
+        (
+            src,
+            req_idx,
+            positions,
+            first_draft_idx,
+            first_draft_pos,
+            rows,
+            table64,
+            table,
+            seq_lens,
+            query_start_loc,
+            chain_query_start_loc,
+        ) = copy_arrays_to_device(
             [
                 plan.src,
                 plan.req_idx,
@@ -220,11 +234,13 @@ class DraftModelProposer:
                 plan.first_draft_pos,
                 plan.rows,
                 plan.table,
+                plan.table,
+                plan.seq_lens,
+                plan.query_start_loc,
+                np.arange(num_seqs + 1),
             ],
-            np.int64,
-        )
-        table, seq_lens, query_start_loc = dev(
-            [plan.table, plan.seq_lens, plan.query_start_loc], np.int32
+            [i64] * 7 + [i32] * 4,
+            self.device,
         )
         next_ids = next_token_ids.clamp(min=0)
         tokens = torch.cat([input_ids, next_ids])[src]
@@ -242,7 +258,7 @@ class DraftModelProposer:
             positions = positions - shift[req_idx]
             seq_lens = seq_lens - shift.to(torch.int32)
         meta = AttentionMetadata(
-            slot_mapping=self._slots(table64[req_idx], positions),
+            slot_mapping=self._slots(table64, req_idx, positions),
             block_table=table,
             seq_lens=seq_lens,
             query_start_loc=query_start_loc,
@@ -253,16 +269,14 @@ class DraftModelProposer:
         # The new token's position; the chain's pass j runs at the j-th after it,
         # never at or past max_model_len.
         last = first_draft_pos + accepted - (0 if shift is None else shift[rows])
-        chain_table, chain_table64 = table[rows], table64[rows]
-        num_seqs = len(plan.rows)
-        chain_query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=self.device)
+        chain_table = table[rows]
         max_last = int(plan.seq_lens[plan.rows].max(initial=1)) - 1  # all accepted, no shift
         for j in range(1, self.k if num_seqs else 0):
             pos = (last + j).clamp(max=self.max_model_len - 1)
             passes.chain_positions.append(pos)
             passes.chain_metas.append(
                 AttentionMetadata(
-                    slot_mapping=self._slots(chain_table64, pos),
+                    slot_mapping=self._slots(table64, rows, pos),
                     block_table=chain_table,
                     seq_lens=(pos + 1).to(torch.int32),
                     query_start_loc=chain_query_start_loc,
@@ -349,9 +363,10 @@ class DraftModelProposer:
         )
         return np.where(past >= 0, scratch, table)
 
-    def _slots(self, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Cache slot of each position, given the block-table row of each position
-        (on the device: the positions may depend on the verification)."""
+    def _slots(
+        self, table: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Cache slot of each position, given the block-table row of each (on the
+        device: the positions may depend on the verification)."""
         bs = self.block_size
-        block = table.gather(-1, (positions // bs).unsqueeze(-1)).squeeze(-1)
-        return block * bs + positions % bs
+        return table[rows, positions // bs] * bs + positions % bs

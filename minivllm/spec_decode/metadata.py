@@ -19,6 +19,20 @@ in a decode step without speculation. All requests' sampled rows are laid end to
     cu_num_sampled_tokens  [4, 5, 8]
     target_logits_indices  [0, 1, 2, 5, 6]           (the d rows)
     bonus_logits_indices   [3, 4, 7]                 (the b rows)
+
+The rejection sampler answers with a grid, a row per request and a column per place a
+token can take (``max_spec_len + 1``). Everything about that grid that does not depend
+on the logits is laid out here, on the host, and travels with the rest in one copy::
+
+    sampled_rows           [[0, 1, 2, 3],            (the row behind each cell; after a
+                            [4, 4, 4, 4],             request's drafts, its bonus row)
+                            [5, 6, 7, 7]]
+    draft_grid             [[x, x, x, -1],           (each request's drafts, then -1)
+                            [-1, -1, -1, -1],
+                            [x, x, -1, -1]]
+
+so that a greedy step's verdict is a handful of whole-grid operations, each a kernel
+launch the host pays for on a GPU (see ``RejectionSampler.forward``).
 """
 
 from __future__ import annotations
@@ -27,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from minivllm.utils.torch_utils import copy_to_device
 
 
 @dataclass
@@ -45,6 +61,14 @@ class SpecDecodeMetadata:
         logits_indices: ``[num_draft_tokens_total + batch]`` int64, the position in the
             step's flat token batch of each sampled row (the hidden states to turn into
             logits).
+        sampled_rows: ``[batch, max_spec_len + 1]`` int64, the sampled row behind each
+            cell of the output grid: draft ``j``'s verifying row at column ``j < n``,
+            the bonus row from column ``n`` on.
+        draft_grid: ``[batch, max_spec_len + 1]`` int64, each request's drafts, then -1
+            (never a token, so no argmax equals it).
+        draft_index_grid: ``[batch, max_spec_len + 1]`` int64, each cell's index in
+            ``draft_token_ids``; ``num_draft_tokens_total`` where the cell holds none.
+        grid_cols: ``[max_spec_len + 1]`` int64, ``0, 1, ...``: each column's index.
     """
 
     draft_token_ids: torch.Tensor
@@ -54,6 +78,10 @@ class SpecDecodeMetadata:
     target_logits_indices: torch.Tensor
     bonus_logits_indices: torch.Tensor
     logits_indices: torch.Tensor
+    sampled_rows: torch.Tensor
+    draft_grid: torch.Tensor
+    draft_index_grid: torch.Tensor
+    grid_cols: torch.Tensor
 
     def __post_init__(self) -> None:
         self.max_spec_len = max(self.num_draft_tokens, default=0)
@@ -84,27 +112,43 @@ class SpecDecodeMetadata:
         num_sampled = num_draft + 1
         cu_sampled = np.cumsum(num_sampled)
         cu_draft = np.cumsum(num_draft)
+        total = int(cu_draft[-1]) if len(cu_draft) else 0
         if cu_num_scheduled_tokens is None:
             cu_num_scheduled_tokens = cu_sampled
         # Each request's sampled rows are the last num_sampled of its scheduled tokens.
         logits_indices = np.repeat(cu_num_scheduled_tokens - num_sampled, num_sampled)
         logits_indices += _ranges(num_sampled)
         # A request's draft rows are the first num_draft of its sampled rows.
-        target_indices = np.repeat(cu_sampled - num_sampled, num_draft) + _ranges(num_draft)
+        first_row = cu_sampled - num_sampled
+        target_indices = np.repeat(first_row, num_draft) + _ranges(num_draft)
         flat_drafts = np.fromiter(
-            (t for d in draft_token_ids for t in d), dtype=np.int64, count=int(num_draft.sum())
+            (t for d in draft_token_ids for t in d), dtype=np.int64, count=total
         )
-        arrays = [flat_drafts, cu_draft, cu_sampled, target_indices, cu_sampled - 1]
-        tensors = [torch.from_numpy(a).to(device) for a in [*arrays, logits_indices]]
-        return cls(
-            draft_token_ids=tensors[0],
-            num_draft_tokens=num_draft.tolist(),
-            cu_num_draft_tokens=tensors[1],
-            cu_num_sampled_tokens=tensors[2],
-            target_logits_indices=tensors[3],
-            bonus_logits_indices=tensors[4],
-            logits_indices=tensors[5],
-        )
+        # The output grid: cells left of a request's n drafts hold them (row-major, the
+        # order of flat_drafts); from column n on, the bonus row answers.
+        cols = np.arange(int(num_draft.max(initial=0)) + 1, dtype=np.int64)
+        holds_draft = cols < num_draft[:, None]
+        sampled_rows = first_row[:, None] + np.minimum(cols, num_draft[:, None])
+        draft_grid = np.full(holds_draft.shape, -1, dtype=np.int64)
+        draft_grid[holds_draft] = flat_drafts
+        draft_index_grid = np.full(holds_draft.shape, total, dtype=np.int64)
+        draft_index_grid[holds_draft] = np.arange(total)
+        # One host-to-device copy for all of them (each separate copy from ordinary
+        # memory would make the host wait for the device).
+        arrays = {
+            "draft_token_ids": flat_drafts,
+            "cu_num_draft_tokens": cu_draft,
+            "cu_num_sampled_tokens": cu_sampled,
+            "target_logits_indices": target_indices,
+            "bonus_logits_indices": cu_sampled - 1,
+            "logits_indices": logits_indices,
+            "sampled_rows": sampled_rows,
+            "draft_grid": draft_grid,
+            "draft_index_grid": draft_index_grid,
+            "grid_cols": cols,
+        }
+        tensors = copy_to_device(list(arrays.values()), np.int64, device)
+        return cls(num_draft_tokens=num_draft.tolist(), **dict(zip(arrays, tensors)))
 
 
 def _ranges(lengths: np.ndarray) -> np.ndarray:

@@ -13,8 +13,9 @@ earlier (an earlier occurrence may overlap the suffix, but must start at least o
 token before it); if it occurred several times, take the *earliest* occurrence; propose
 up to ``k`` tokens that followed it, fewer if the sequence ends first. Upstream finds
 the match with a Knuth-Morris-Pratt scan of the reversed tokens compiled by Numba;
-minivllm compares every earlier end position with the suffix at once in NumPy, which
-gives the same answer in ``max_n`` vectorised passes.
+minivllm compares every earlier position with the last token at once in NumPy, then
+extends only the positions that matched, which gives the same answer in one pass over
+the tokens and ``max_n - 1`` passes over a handful of candidates.
 """
 
 from __future__ import annotations
@@ -78,10 +79,12 @@ def find_longest_ngram_match(tokens: np.ndarray, min_n: int, max_n: int) -> int 
     """Where to start copying: just after the earliest occurrence of the longest match.
 
     ``match_len[e]`` is how many tokens ending at position ``e`` equal the tokens ending
-    the sequence (capped at ``max_n``), for every ``e`` before the last position. It is
-    built one offset ``t`` at a time: ``tokens[e - t] == tokens[-1 - t]`` for all ``e``
-    at once, and-ed with the result for ``t - 1``, since a match of length ``t + 1``
-    needs one of length ``t``.
+    the sequence (capped at ``max_n``), for every ``e`` before the last position. One
+    pass over the sequence finds the ends where it is at least 1 (the token equals the
+    last one); each further offset ``t`` keeps those of them where ``tokens[e - t] ==
+    tokens[-1 - t]`` too, since a match of length ``t + 1`` needs one of length ``t``.
+    Only the survivors are compared, usually a handful, so a step's proposal costs one
+    pass over the request's tokens rather than ``max_n``.
 
     Returns:
         The index of the first token after the match, or None if no n-gram of length
@@ -90,18 +93,19 @@ def find_longest_ngram_match(tokens: np.ndarray, min_n: int, max_n: int) -> int 
     length = len(tokens)
     if length < min_n + 1:
         return None
-    ends = np.arange(length - 1)  # an earlier occurrence ends at most one token early
-    still = np.ones(length - 1, dtype=bool)
-    match_len = np.zeros(length - 1, dtype=np.int64)
-    for t in range(min(max_n, length - 1)):
-        positions = ends - t
-        still &= positions >= 0
-        still[still] = tokens[positions[still]] == tokens[length - 1 - t]
-        if not still.any():
+    # An earlier occurrence ends at most one token early. Ascending, and filtering keeps
+    # the order, so best[0] is the earliest occurrence of the longest match (upstream's
+    # choice).
+    best = np.flatnonzero(tokens[:-1] == tokens[-1])
+    longest = 1
+    for t in range(1, min(max_n, length - 1)):
+        if not best.size:
             break
-        match_len += still
-    longest = int(match_len.max())
-    if longest < min_n:
+        ends = best[best >= t]
+        ends = ends[tokens[ends - t] == tokens[length - 1 - t]]
+        if not ends.size:
+            break
+        best, longest = ends, t + 1
+    if not best.size or longest < min_n:
         return None
-    # argmax finds the first maximum: the earliest occurrence, upstream's choice.
-    return int(np.argmax(match_len == longest)) + 1
+    return int(best[0]) + 1

@@ -46,6 +46,43 @@ def copy_to_device(
     return [packed[start : start + a.size].view(a.shape) for a, start in zip(arrays, starts)]
 
 
+def copy_arrays_to_device(
+    arrays: list[np.ndarray], dtypes: list[type], device: torch.device
+) -> list[torch.Tensor]:
+    """``copy_to_device`` for arrays of different integer widths: array ``i`` arrives as
+    ``dtypes[i]``, all of them in one copy.
+
+    The arrays are laid out as bytes in one buffer (each on a 16-byte boundary, as in
+    ``copy_to_device``), so a step whose host work ends in int64 positions and int32
+    block tables pays for one page-locked buffer and one transfer instead of two; each
+    result is a view of the one device buffer, reinterpreted with its own dtype.
+    """
+    layout, total = [], 0
+    for a, dtype in zip(arrays, dtypes, strict=True):
+        nbytes = a.size * np.dtype(dtype).itemsize
+        layout.append((total, nbytes))
+        total += -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+    flat = np.zeros(total, dtype=np.uint8)
+    for a, dtype, (start, nbytes) in zip(arrays, dtypes, layout):
+        flat[start : start + nbytes].view(dtype)[:] = a.ravel()
+    host = torch.from_numpy(flat)
+    if device.type == "cuda":
+        packed = host.pin_memory().to(device, non_blocking=True)
+    else:
+        packed = host.to(device)
+    return [
+        packed[start : start + nbytes].view(_TORCH_DTYPES[np.dtype(dtype)]).view(a.shape)
+        for a, dtype, (start, nbytes) in zip(arrays, dtypes, layout)
+    ]
+
+
+_TORCH_DTYPES = {
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.float32): torch.float32,
+}
+
+
 def cuda_context_is_broken(device: torch.device) -> bool:
     """True when ``device``'s CUDA context is unusable: after a device-side assert or an
     illegal memory access CUDA fails every later call, so the process cannot serve on.

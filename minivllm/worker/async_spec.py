@@ -30,6 +30,7 @@ from minivllm.core.sched_async_spec import DRAFT_PLACEHOLDER
 from minivllm.core.sched_output import ScheduledRequest
 from minivllm.request import Request
 from minivllm.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, RequestAtRow
+from minivllm.spec_decode.metadata import SpecDecodeMetadata
 from minivllm.utils.torch_utils import copy_to_device
 
 
@@ -169,6 +170,19 @@ class PrevStep:
         ids = [s.request_id for s in requests]
         drafts = {s.request_id: p[: len(s.spec_token_ids)] for s, p in zip(requests, proposed)}
         return dict(zip(ids, emitted)), drafts
+
+
+def fill_drafts_in_flight(spec_metadata: SpecDecodeMetadata, input_ids: torch.Tensor) -> None:
+    """Give the rejection sampler the drafts' values, which the host has only as
+    placeholders: each draft sits in the flat batch right after the token whose row
+    verifies it (the input ids, filled on the device)."""
+    flat = spec_metadata.logits_indices[spec_metadata.target_logits_indices]
+    drafts = input_ids[flat + 1]
+    spec_metadata.draft_token_ids = drafts
+    # The output grid's draft cells, laid out on the host from the placeholders.
+    spec_metadata.draft_grid = torch.cat([drafts, drafts.new_full((1,), -1)])[
+        spec_metadata.draft_index_grid
+    ]
 
 
 def reads_output_tokens(request: Request) -> bool:

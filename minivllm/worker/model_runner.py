@@ -32,8 +32,8 @@ from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingType
 from minivllm.spec_decode.draft_model import DraftModelProposer, TargetBatch
 from minivllm.spec_decode.metadata import SpecDecodeMetadata
-from minivllm.utils.torch_utils import copy_to_device
-from minivllm.worker.async_spec import PrevStep, slots_on_device
+from minivllm.utils.torch_utils import copy_arrays_to_device, copy_to_device
+from minivllm.worker.async_spec import PrevStep, fill_drafts_in_flight, slots_on_device
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.cuda_graph import CUDAGraphRunner
 from minivllm.worker.kernel_warmup import kernel_warmup
@@ -191,7 +191,7 @@ class ModelRunner:
         Only the per-request facts are gathered in Python; everything per token is one
         vectorized numpy expression, since a decode step of 256 requests must cost
         microseconds here, not milliseconds. Everything then travels to the device in
-        two copies (one per integer width) that never make the host wait.
+        one copy (int64 and int32 arrays side by side) that never makes the host wait.
         """
         bs = self.block_size
         scheduled = scheduler_output.scheduled
@@ -233,20 +233,22 @@ class ModelRunner:
             )
         num_drafts = np.fromiter((len(s.spec_token_ids) for s in scheduled), np.int64, num_reqs)
         fill_dst, fill_src = self._placeholder_sources(placeholders, num_drafts[in_flight_rows])
-        input_ids, positions_d, slots, logits_idx, dst, src = copy_to_device(
-            [
-                np.asarray(tokens, np.int64),
-                positions,
-                slot_mapping,
-                logits_indices,
-                fill_dst,
-                fill_src,
-            ],
-            np.int64,
-            self.device,
-        )
-        table, seq_lens_d, qsl = copy_to_device(
-            [block_table, seq_lens, query_start_loc], np.int32, self.device
+        input_ids, positions_d, slots, logits_idx, dst, src, table, seq_lens_d, qsl = (
+            copy_arrays_to_device(
+                [
+                    np.asarray(tokens, np.int64),
+                    positions,
+                    slot_mapping,
+                    logits_indices,
+                    fill_dst,
+                    fill_src,
+                    block_table,
+                    seq_lens,
+                    query_start_loc,
+                ],
+                [np.int64] * 6 + [np.int32] * 3,
+                self.device,
+            )
         )
         shift = None
         if placeholders:
@@ -262,10 +264,7 @@ class ModelRunner:
             seq_lens_d -= shift.to(torch.int32)
             slots = slots_on_device(table, req_idx_d, positions_d, bs)
         if spec_metadata is not None and placeholders:
-            # Drafts in flight: the host has placeholders; each draft sits in the
-            # flat batch right after the row that verifies its predecessor.
-            flat = spec_metadata.logits_indices[spec_metadata.target_logits_indices]
-            spec_metadata.draft_token_ids = input_ids[flat + 1]
+            fill_drafts_in_flight(spec_metadata, input_ids)
         attn_metadata = AttentionMetadata(
             slot_mapping=slots,
             block_table=table,

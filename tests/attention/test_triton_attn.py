@@ -357,7 +357,8 @@ def test_long_prefills_read_their_chunk_through_tma_and_match_reference() -> Non
     kwargs = dict(num_heads=2, num_kv_heads=1, max_query_len=140, max_seq_len=160,
                   device=torch.device(DEVICE), head_size=64, element_size=2)
     config = select_config(num_tokens=270, num_seqs=2, num_kv_splits=1, **kwargs)
-    assert config.new_kv == 2 and config.num_stages == tlc.PREFILL_DENSE_STAGES
+    if tlc.tma_available(torch.device(DEVICE)):  # Hopper, or the interpreter
+        assert config.new_kv == 2 and config.num_stages == tlc.PREFILL_DENSE_STAGES
     assert config.block_m == tlc.PREFILL_BLOCK_M
     split = select_config(num_tokens=270, num_seqs=2, num_kv_splits=2, **kwargs)
     assert split.new_kv == 0 and split.num_stages == tlc.PREFILL_STAGES
@@ -410,7 +411,8 @@ def test_prefills_read_the_step_keys_through_the_backend(monkeypatch) -> None:
     kwargs = dict(num_heads=4, num_kv_heads=2, device=torch.device(DEVICE), head_size=64)
     prefill = select_config(num_tokens=63, num_seqs=2, max_query_len=40, max_seq_len=40,
                             num_kv_splits=1, **kwargs)
-    assert prefill.new_kv == 2
+    dense = 2 if tlc.tma_available(torch.device(DEVICE)) else 1  # pointers before Hopper
+    assert prefill.new_kv == dense
     assert select_config(num_tokens=63, num_seqs=2, max_query_len=40, max_seq_len=40,
                          num_kv_splits=2, **kwargs).new_kv == 0
     assert select_config(num_tokens=2, num_seqs=2, max_query_len=1, max_seq_len=40,
@@ -429,7 +431,7 @@ def test_prefills_read_the_step_keys_through_the_backend(monkeypatch) -> None:
             b.query_start_loc, b.scale, max_query_len=b.max_query_len,
             max_seq_len=b.max_seq_len, num_kv_splits=1, key=key, value=value)
         _check_close(out, ref, torch.bfloat16)
-    assert modes == [2, 0]
+    assert modes == [dense, 0]
     with pytest.raises(ValueError, match="key and value"):
         triton_attn.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                     b.seq_lens, b.query_start_loc, b.scale, key=b.key)

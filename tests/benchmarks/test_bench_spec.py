@@ -20,7 +20,7 @@ SMALL = [
     "--max-num-batched-tokens", "256", "--num-prompts", "2", "--output-len", "32",
     "--num-requests", "3", "--input-len-range", "4", "10", "--output-len-range", "2", "6",
     "--sweep-batch-sizes", "1", "3", "--sweep-output-len", "8", "--sweep-prompt-len", "8",
-    "--margin-output-len", "12",
+    "--margin-output-len", "12", "--repeat-off",
 ]  # fmt: skip
 
 
@@ -104,7 +104,7 @@ def test_sweep_rows_and_crossover_come_from_the_runs(result) -> None:
     assert [r["batch_size"] for r in rows] == [1, 3]
     for row in rows:
         b = row["batch_size"]
-        for name in ("ngram", "ngram_threshold"):
+        for name in ("ngram", "ngram_threshold", "off_again"):
             entry = row[name]
             assert entry["output_tokens"] == row["off"]["output_tokens"] == 8 * b
             assert entry["ratio_over_off"] == pytest.approx(

@@ -177,26 +177,28 @@ UNFUSED = ["fused_add_rms_norm", "mm"]  # the add + norm, then the cuBLAS projec
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="forces the kernels onto CPU tensors")
 @pytest.mark.parametrize(
-    "arch,switches_off,expected",
+    "arch,switches,expected",
     [
         # 5 kernels + attention: add + norm + qkv, q/k norm + RoPE, o_proj, add + norm +
         # gate/up, down with SiLU-and-mul fused in.
-        ("qwen3", [], ["rms_norm_gemv", "qk_norm_rope", "attention", "skinny_gemm",
-                       "rms_norm_gemv", "skinny_gemm"]),
-        # 7 + attention: the norms as kernels of their own.
-        ("qwen3", [NORM], [*UNFUSED, "qk_norm_rope", "attention", "skinny_gemm", *UNFUSED,
-                           "skinny_gemm"]),
+        ("qwen3", {NORM: "1"}, ["rms_norm_gemv", "qk_norm_rope", "attention", "skinny_gemm",
+                                "rms_norm_gemv", "skinny_gemm"]),
+        # 7 + attention: the norms as kernels of their own (the default).
+        ("qwen3", {}, [*UNFUSED, "qk_norm_rope", "attention", "skinny_gemm", *UNFUSED,
+                       "skinny_gemm"]),
         # 9 + attention: and the q norm, the k norm and RoPE as three kernels.
-        ("qwen3", [NORM, QK], [*UNFUSED, "rms_norm", "rms_norm", "rotary_embedding",
-                               "attention", "skinny_gemm", *UNFUSED, "skinny_gemm"]),
-        ("llama", [], ["rms_norm_gemv", "rotary_embedding", "attention", "skinny_gemm",
-                       "rms_norm_gemv", "skinny_gemm"]),
+        ("qwen3", {NORM: "0", QK: "0"}, [*UNFUSED, "rms_norm", "rms_norm", "rotary_embedding",
+                                         "attention", "skinny_gemm", *UNFUSED, "skinny_gemm"]),
+        ("llama", {NORM: "1"}, ["rms_norm_gemv", "rotary_embedding", "attention", "skinny_gemm",
+                                "rms_norm_gemv", "skinny_gemm"]),
     ],
 )
-def test_decode_layer_kernel_launches(arch, switches_off, expected, tmp_path, monkeypatch):
+def test_decode_layer_kernel_launches(arch, switches, expected, tmp_path, monkeypatch):
     """A batch-1 decode step runs exactly these kernels per layer: no copy, cast or split."""
-    for switch in switches_off:
-        monkeypatch.setenv(switch, "0")
+    for switch in (QK, NORM):
+        monkeypatch.delenv(switch, raising=False)
+    for switch, value in switches.items():
+        monkeypatch.setenv(switch, value)
     model = _load(make_tiny_model(arch, tmp_path, num_hidden_layers=2))
     runner = PagedForward(model, num_seqs=1)
     mode = _KernelOps(model.model.layers[1])

@@ -19,6 +19,7 @@ from minivllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from minivllm.model_executor.layers.norm_linear import (
+    NORM_GEMV_DEFAULT,
     NORM_GEMV_ENV,
     rms_norm_linear,
     warm_up_norm_gemv,
@@ -82,7 +83,7 @@ def test_dispatch_fuses_only_small_batches_on_the_kernel_path(monkeypatch):
     monkeypatch.setattr(
         triton_norm_gemv, "rms_norm_gemv", lambda *a: calls.append(a[0].shape[0]) or real(*a)
     )
-    monkeypatch.delenv(NORM_GEMV_ENV, raising=False)
+    monkeypatch.setenv(NORM_GEMV_ENV, "1")
     monkeypatch.delenv(GEMV_MAX_M_ENV, raising=False)
     for rows in (1, 2, 3):
         x = torch.randn(rows, 32, device=DEVICE)
@@ -96,7 +97,7 @@ def test_dispatch_fuses_only_small_batches_on_the_kernel_path(monkeypatch):
     monkeypatch.setenv(NORM_GEMV_ENV, "0")
     with CustomOp.force("cuda"):
         rms_norm_linear(norm, linear, torch.randn(1, 32, device=DEVICE), None)
-    monkeypatch.delenv(NORM_GEMV_ENV)
+    monkeypatch.setenv(NORM_GEMV_ENV, "1")
     with CustomOp.force("cuda"):
         rms_norm_linear(norm, row_parallel, torch.randn(1, 32, device=DEVICE), None)
     monkeypatch.setenv(GEMV_MAX_M_ENV, "0")  # every linear layer on F.linear: no fusion
@@ -123,7 +124,7 @@ def test_rejects_what_it_cannot_fuse():
 def test_warm_up_launches_each_column_parallel_shape(monkeypatch):
     from torch import nn
 
-    monkeypatch.delenv(NORM_GEMV_ENV, raising=False)
+    monkeypatch.setenv(NORM_GEMV_ENV, "1")
     monkeypatch.delenv(GEMV_MAX_M_ENV, raising=False)
     model = nn.Sequential(
         ColumnParallelLinear(32, 16),
@@ -137,6 +138,9 @@ def test_warm_up_launches_each_column_parallel_shape(monkeypatch):
         assert warm_up_norm_gemv(model) == 2 * 2 * 2  # 2 shapes x 1, 2 rows x residual or not
     with CustomOp.force("native"):
         assert warm_up_norm_gemv(model) == 0
+    monkeypatch.delenv(NORM_GEMV_ENV)  # the default: off until measured on the GPU
+    with CustomOp.force("cuda"):
+        assert warm_up_norm_gemv(model) == (8 if NORM_GEMV_DEFAULT == "1" else 0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="forces the kernels onto CPU tensors")
@@ -145,6 +149,7 @@ def test_two_sequence_decode_with_the_fused_kernel_matches_hf(arch, tmp_path, mo
     """A decode step of two tokens, the norms fused into qkv and gate/up, against HF."""
     from minivllm.model_executor.layers import triton_norm_gemv
 
+    monkeypatch.setenv(NORM_GEMV_ENV, "1")
     path = make_tiny_model(arch, tmp_path)
     model, hf_model = _load(path), load_hf_model(path)
     runner = PagedForward(model, num_seqs=2)

@@ -1,11 +1,13 @@
 """Qwen3's fused per-head q/k RMSNorm + rotary embedding (``QKNormRotaryEmbedding``).
 
 The fused kernel is held to two references: the three kernels it replaces (RMSNorm over
-the q heads, over the k heads, then the rotary kernel), bit for bit, since it rounds at
-the same places; and the torch definition (RMSNorm then RoPE in torch), within the
-tolerances of tests/model_executor/test_custom_ops.py. On the CPU the kernels run
-through ``TRITON_INTERPRET=1`` (tests/conftest.py), forced with ``CustomOp.force``; on a
-GPU the same tests run the compiled kernels (the bit-for-bit check included).
+the q heads, over the k heads, then the rotary kernel), bit for bit in the interpreter,
+since it rounds at the same places; and the torch definition (RMSNorm then RoPE in
+torch), within the tolerances of tests/model_executor/test_custom_ops.py. On the CPU the
+kernels run through ``TRITON_INTERPRET=1`` (tests/conftest.py), forced with
+``CustomOp.force``; on a GPU the same tests run the compiled kernels, where the fused and
+the unfused kernels agree within those tolerances but not bit for bit: Triton picks each
+kernel's reduction layout, so the float32 sum of squares may be added in another order.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from minivllm.model_executor.layers.qk_norm_rope import (
     FUSED_QK_NORM_ROPE_ENV,
     QKNormRotaryEmbedding,
 )
-from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
+from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from minivllm.model_executor.layers.triton_qk_norm_rope import qk_norm_rope
 from tests.model_executor.test_custom_ops import DEVICE, TOL
 
@@ -53,7 +55,8 @@ def _split(qkv, head_size, num_heads, num_kv_heads):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_size,num_heads,num_kv_heads", SHAPES)
 def test_fused_equals_the_three_kernels_it_replaces(dtype, head_size, num_heads, num_kv_heads):
-    """Same bits as q norm, k norm, rotary run as separate kernels; in place; v untouched."""
+    """As q norm, k norm, rotary run as separate kernels (the same bits in the
+    interpreter); in place; v untouched."""
     layer = _layer(head_size, dtype)
     qkv, q_weight, k_weight, positions = _inputs(dtype, head_size, num_heads, num_kv_heads)
     unfused_qkv = qkv.clone()
@@ -65,7 +68,11 @@ def test_fused_equals_the_three_kernels_it_replaces(dtype, head_size, num_heads,
         q_out, k_out = layer(positions, q, k, q_weight, k_weight)
     assert layer._forward_method == layer.forward_cuda
     assert q_out.data_ptr() == q.data_ptr() and k_out.data_ptr() == k.data_ptr()
-    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    if DEVICE.type == "cpu":
+        assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    else:  # compiled: the sums of squares may be reduced in another order
+        torch.testing.assert_close(q_out, q_ref, **TOL[dtype])
+        torch.testing.assert_close(k_out, k_ref, **TOL[dtype])
     assert torch.equal(v, v_before)
 
 
@@ -91,12 +98,12 @@ def test_native_is_rms_norm_then_rotary_of_the_layers():
     from minivllm.model_executor.layers.layernorm import RMSNorm
 
     head_size, num_heads, num_kv_heads = 32, 4, 2
-    rope = get_rope(head_size, 256, {"rope_type": "default", "rope_theta": 10000.0})
+    rope = RotaryEmbedding(head_size, 256, 10000.0).to(DEVICE)
     layer = QKNormRotaryEmbedding(head_size, 1e-5, rope)
     qkv, q_weight, k_weight, positions = _inputs(
         torch.float32, head_size, num_heads, num_kv_heads, max_pos=256
     )
-    q_norm, k_norm = RMSNorm(head_size, 1e-5), RMSNorm(head_size, 1e-5)
+    q_norm, k_norm = RMSNorm(head_size, 1e-5).to(DEVICE), RMSNorm(head_size, 1e-5).to(DEVICE)
     with torch.no_grad():
         q_norm.weight.copy_(q_weight)
         k_norm.weight.copy_(k_weight)

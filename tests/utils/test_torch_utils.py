@@ -1,4 +1,5 @@
-"""copy_to_device: one packed copy, every array back intact and 16-byte aligned."""
+"""copy_to_device and copy_arrays_to_device: one packed copy, every array back intact (in
+its own dtype) and 16-byte aligned."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from minivllm.utils.torch_utils import ALIGN_BYTES, copy_to_device
+from minivllm.utils.torch_utils import ALIGN_BYTES, copy_arrays_to_device, copy_to_device
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
@@ -20,6 +21,24 @@ def test_arrays_round_trip_aligned(dtype: type) -> None:
         assert tuple(dev.shape) == host.shape
         assert (dev.numpy() == host).all()
         assert dev.data_ptr() % ALIGN_BYTES == 0
+
+
+def test_mixed_widths_round_trip_aligned_in_one_buffer() -> None:
+    # int64 and int32 side by side, odd sizes and an empty 2-D one: each comes back in its
+    # own dtype, cast from whatever the host array held, aligned, all views of one buffer.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    arrays = [np.arange(3), np.arange(5, dtype=np.int32) * 7, np.zeros((0, 2)), -np.arange(6)]
+    arrays.append(np.arange(6).reshape(2, 3))
+    dtypes = [np.int64, np.int32, np.int64, np.int32, np.int32]
+    out = copy_arrays_to_device(arrays, dtypes, device)
+    for host, dtype, dev in zip(arrays, dtypes, out):
+        assert dev.dtype == torch.from_numpy(np.zeros(1, dtype)).dtype
+        assert tuple(dev.shape) == host.shape
+        assert (dev.cpu().numpy() == host).all()
+        assert dev.data_ptr() % ALIGN_BYTES == 0
+    assert len({t.untyped_storage().data_ptr() for t in out}) == 1
+    with pytest.raises(ValueError):
+        copy_arrays_to_device(arrays, dtypes[:-1], device)
 
 
 def test_cuda_context_is_broken_is_false_off_cuda_and_on_a_healthy_gpu() -> None:

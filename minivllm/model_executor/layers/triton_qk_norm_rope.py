@@ -19,11 +19,13 @@ two halves (``x_i`` and its neox partner ``x_{i + D/2}``, from L1), normalises,
 multiplies by the weight and rotates. A decode step of one token is then ``Hq + Hk``
 small programs spread over as many SMs, rather than one program doing every head.
 
-Rounding is that of the two unfused kernels, step by step, so the fused result has the
-same bits as ``triton_layernorm.rms_norm`` followed by ``triton_rotary.rotary_embedding``
-(and agrees with the torch reference as they do): the sum of squares is the same
-``tl.sum`` over a ``[next_pow2(D)]`` row with the same warp count, ``x * rstd`` and the
-weight product are each rounded to the model dtype, then every rotary product and sum.
+Rounding is that of the two unfused kernels, step by step (``triton_layernorm.rms_norm``
+followed by ``triton_rotary.rotary_embedding``): the sum of squares is a ``tl.sum`` over a
+``[next_pow2(D)]`` row with the same warp count, ``x * rstd`` and the weight product are
+each rounded to the model dtype, then every rotary product and sum. In Triton's
+interpreter the fused and unfused results have the same bits; compiled, each kernel's
+reduction layout is Triton's choice, so the float32 sum of squares may be added in
+another order, and both agree with the torch reference within the same tolerances.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def qk_norm_rope_kernel(
     # RMSNorm statistics over the whole head, as rms_norm_kernel computes them for a row.
     d = tl.arange(0, BLOCK_D)
     x = tl.load(row + d, mask=d < HEAD_SIZE, other=0.0).to(tl.float32)
-    # Divided by a runtime int, as there: the same division instruction, the same bits.
+    # Divided by a runtime int, as there: the same division instruction.
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / head_size + eps)
 
     # The two halves of the neox pairing, normalised with rms_norm_kernel's roundings.
@@ -127,8 +129,7 @@ def _qk_norm_rope_impl(
         HEAD_SIZE=head_size,
         BLOCK_D=block,
         BLOCK_HALF=triton.next_power_of_2(head_size // 2),
-        # rms_norm_kernel's warp count for a row of this size (one warp up to 256 values):
-        # the same reduction tree, hence the same sum of squares.
+        # rms_norm_kernel's warp count for a row of this size (one warp up to 256 values).
         num_warps=min(max(block // 256, 1), 8),
     )
 
