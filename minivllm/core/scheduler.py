@@ -14,7 +14,6 @@ recompute from scratch later.
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -436,6 +435,7 @@ class Scheduler:
         """A snapshot of queue lengths, KV usage and counters for logs and summaries."""
         kv = self.kv_cache_manager
         stats = kv.prefix_cache_stats
+        spec = self.spec_decoding_stats
         return SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),
@@ -448,5 +448,5 @@ class Scheduler:
             num_prompt_tokens=self.num_prompt_tokens,
             num_generation_tokens=self.num_generated_tokens,
             num_kv_blocks=kv.num_blocks,
-            spec_decoding_stats=copy.deepcopy(self.spec_decoding_stats),
+            spec_decoding_stats=None if spec is None else spec.copy(),
         )

@@ -115,17 +115,18 @@ class SpecDecodeMetadata:
         total = int(cu_draft[-1]) if len(cu_draft) else 0
         if cu_num_scheduled_tokens is None:
             cu_num_scheduled_tokens = cu_sampled
-        # Each request's sampled rows are the last num_sampled of its scheduled tokens.
-        logits_indices = np.repeat(cu_num_scheduled_tokens - num_sampled, num_sampled)
-        logits_indices += _ranges(num_sampled)
-        # A request's draft rows are the first num_draft of its sampled rows.
+        # Each request's sampled rows are the last num_sampled of its scheduled tokens:
+        # sampled row r of a request sits (its scheduled end - its sampled end) after r.
+        logits_indices = np.repeat(cu_num_scheduled_tokens - cu_sampled, num_sampled)
+        logits_indices += np.arange(len(logits_indices))
         first_row = cu_sampled - num_sampled
-        target_indices = np.repeat(first_row, num_draft) + _ranges(num_draft)
         flat_drafts = np.fromiter(
             (t for d in draft_token_ids for t in d), dtype=np.int64, count=total
         )
         # The output grid: cells left of a request's n drafts hold them (row-major, the
-        # order of flat_drafts); from column n on, the bonus row answers.
+        # order of flat_drafts); from column n on, the bonus row answers. A request's
+        # draft rows are the first num_draft of its sampled rows, so the draft cells'
+        # rows, in order, are target_logits_indices.
         cols = np.arange(int(num_draft.max(initial=0)) + 1, dtype=np.int64)
         holds_draft = cols < num_draft[:, None]
         sampled_rows = first_row[:, None] + np.minimum(cols, num_draft[:, None])
@@ -133,6 +134,7 @@ class SpecDecodeMetadata:
         draft_grid[holds_draft] = flat_drafts
         draft_index_grid = np.full(holds_draft.shape, total, dtype=np.int64)
         draft_index_grid[holds_draft] = np.arange(total)
+        target_indices = sampled_rows[holds_draft]
         # One host-to-device copy for all of them (each separate copy from ordinary
         # memory would make the host wait for the device).
         arrays = {
@@ -149,10 +151,3 @@ class SpecDecodeMetadata:
         }
         tensors = copy_to_device(list(arrays.values()), np.int64, device)
         return cls(num_draft_tokens=num_draft.tolist(), **dict(zip(arrays, tensors)))
-
-
-def _ranges(lengths: np.ndarray) -> np.ndarray:
-    """``[0..lengths[0]), [0..lengths[1]), ...`` concatenated, without a Python loop."""
-    total = int(lengths.sum())
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.arange(total, dtype=np.int64) - starts

@@ -19,6 +19,7 @@ Definitions (upstream's):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -59,6 +60,13 @@ class SpecDecodingStats:
         self.num_accepted_tokens += num_accepted_tokens
         for pos in range(num_accepted_tokens):
             self.num_accepted_tokens_per_pos[pos] += 1
+
+    def copy(self) -> SpecDecodingStats:
+        """An independent snapshot (the engine sends one with every step's stats;
+        ``copy.deepcopy`` would walk the dataclass generically, a cost paid every step)."""
+        return dataclasses.replace(
+            self, num_accepted_tokens_per_pos=list(self.num_accepted_tokens_per_pos)
+        )
 
     def merge(self, other: SpecDecodingStats) -> None:
         """Add another step's (or request's) counts to these."""

@@ -42,3 +42,14 @@ def test_impossible_counts_are_refused() -> None:
         stats.observe_draft(1, 2)
     with pytest.raises(ValueError, match="num_spec_tokens"):
         stats.observe_draft(3, 0)
+
+
+def test_copy_is_an_independent_snapshot() -> None:
+    # The engine sends a copy with every step's stats: counting on afterwards must not
+    # change a snapshot already sent, per-position list included.
+    stats = SpecDecodingStats(num_spec_tokens=2)
+    stats.observe_draft(2, 1)
+    snapshot = stats.copy()
+    stats.observe_draft(2, 2)
+    assert snapshot == SpecDecodingStats(2, 1, 2, 1, [1, 0])
+    assert stats.num_accepted_tokens_per_pos == [2, 1]
