@@ -220,6 +220,29 @@ def test_async_scheduling_defaults_on_with_a_draft_model_only(pair, caplog) -> N
         config.create_engine_config()
 
 
+def test_through_the_graph_layouts_on_cpu(pair, workload) -> None:
+    """The target's verify graphs and the draft's graphs, emulated on the CPU (each
+    replay runs the forward pass the graph records, over its static padded buffers),
+    with async scheduling: positions, lengths and slots shifted on the device travel
+    through the graphs' buffers, and the tokens equal speculation off."""
+    from tests.spec_decode.test_draft_model import _emulate_draft_graphs
+    from tests.worker.test_cuda_graph import _install_emulated_graphs
+
+    target, draft = pair
+    prompts, params = workload
+    args = dict(max_num_seqs=8, max_num_batched_tokens=64)
+    reference = _run(_llm(target, **args), prompts, params)
+    llm = _llm(target, speculative_config=draft_model(draft, 3), **args)
+    llm.collective_rpc(_install_emulated_graphs, args=(3,))
+    llm.collective_rpc(_emulate_draft_graphs)
+    in_flight = _count_drafts_in_flight(llm)
+    assert _run(llm, prompts, params) == reference
+    assert in_flight[0] > 10
+    assert llm.collective_rpc(_replays)[0][VERIFY] > 0
+    spec = llm.llm_engine.stats.spec_decoding_stats
+    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
+
+
 def _replays(runner) -> dict[str, int]:
     return dict(runner.cuda_graph_runner.num_replays)
 
