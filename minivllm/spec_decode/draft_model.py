@@ -257,8 +257,12 @@ class DraftModelProposer:
         if shift is not None:
             positions = positions - shift[req_idx]
             seq_lens = seq_lens - shift.to(torch.int32)
+        # The spare slot of a request scheduled up to max_model_len - 1 sits at
+        # max_model_len, past every position the model has (its rotary table ends
+        # there): it runs at the last position and writes nothing (slot -1).
+        positions, slots = self._within_model_len(table64, req_idx, positions)
         meta = AttentionMetadata(
-            slot_mapping=self._slots(table64, req_idx, positions),
+            slot_mapping=slots,
             block_table=table,
             seq_lens=seq_lens,
             query_start_loc=query_start_loc,
@@ -272,11 +276,11 @@ class DraftModelProposer:
         chain_table = table[rows]
         max_last = int(plan.seq_lens[plan.rows].max(initial=1)) - 1  # all accepted, no shift
         for j in range(1, self.k if num_seqs else 0):
-            pos = (last + j).clamp(max=self.max_model_len - 1)
+            pos, slots = self._within_model_len(table64, rows, last + j)
             passes.chain_positions.append(pos)
             passes.chain_metas.append(
                 AttentionMetadata(
-                    slot_mapping=self._slots(table64, rows, pos),
+                    slot_mapping=slots,
                     block_table=chain_table,
                     seq_lens=(pos + 1).to(torch.int32),
                     query_start_loc=chain_query_start_loc,
@@ -362,6 +366,17 @@ class DraftModelProposer:
             + np.clip(past, 0, self.scratch_per_row - 1)
         )
         return np.where(past >= 0, scratch, table)
+
+    def _within_model_len(
+        self, table: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions clamped below ``max_model_len`` and their slots, -1 (no write) for
+        those that were not: a position past the model's last belongs to no token that
+        is ever read (a spare slot, or a chain pass after the request's end)."""
+        beyond = positions >= self.max_model_len
+        positions = positions.clamp(max=self.max_model_len - 1)
+        slots = self._slots(table, rows, positions)
+        return positions, torch.where(beyond, -1, slots)
 
     def _slots(
         self, table: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor

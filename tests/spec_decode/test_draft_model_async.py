@@ -220,6 +220,33 @@ def test_async_scheduling_defaults_on_with_a_draft_model_only(pair, caplog) -> N
         config.create_engine_config()
 
 
+def test_a_request_runs_to_max_model_len(pair) -> None:
+    """Scheduled up to the last position, a request's catch-up pass has its spare slot at
+    max_model_len, where the rotary table ends: it must run at the last position and
+    write nothing, in both loops (the tiny models have 1024 positions)."""
+    target, draft = pair
+    prompt = [{"prompt_token_ids": [(7 * i) % 500 + 3 for i in range(1000)]}]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    runs = []
+    for spec, async_scheduling in (
+        (None, None),
+        (draft_model(draft, 3), False),
+        (draft_model(draft, 3), True),
+    ):
+        llm = LLM(
+            str(target),
+            dtype="float32",
+            device="cpu",
+            max_model_len=1024,
+            speculative_config=spec,
+            async_scheduling=async_scheduling,
+        )
+        out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+        runs.append((out.token_ids, out.finish_reason))
+    assert runs[0][1] == "length" and len(runs[0][0]) == 24
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
 def test_through_the_graph_layouts_on_cpu(pair, workload) -> None:
     """The target's verify graphs and the draft's graphs, emulated on the CPU (each
     replay runs the forward pass the graph records, over its static padded buffers),

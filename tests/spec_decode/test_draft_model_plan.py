@@ -129,3 +129,6 @@ def test_chain_positions_stop_at_max_model_len() -> None:
     passes = proposer._layout(batch, torch.tensor([5]), torch.tensor([6]), None)
     assert passes.positions.tolist() == [7, 8]
     assert [p.tolist() for p in passes.chain_positions] == [[9], [9], [9]]
+    # Position 9 goes to the row's scratch block (5); the passes past the last position
+    # run there too but write nothing.
+    assert [m.slot_mapping.tolist() for m in passes.chain_metas] == [[5 * 4 + 1], [-1], [-1]]
