@@ -15,11 +15,12 @@ recompute from scratch later.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from minivllm.config import SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request_checks import check_new_request, num_blocks_needed
+from minivllm.core.sched_async_spec import DRAFT_PLACEHOLDER, num_drafts_in_flight
 from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput, SchedulerStats
 from minivllm.core.sched_spec_decode import (
     check_num_accepted,
@@ -46,6 +47,9 @@ class Scheduler:
             (tests pass a tiny one to force preemptions).
         num_speculative_tokens: ``k`` of speculative decoding (0: off); the drafts'
             bookkeeping is in ``sched_spec_decode``.
+        speculates_at: Whether a step of that many requests proposes drafts for the next
+            (``SpeculativeConfig.speculates_at``); None: every step does. Asked about
+            the step in flight, whose drafts stay on the device (``sched_async_spec``).
 
     Attributes:
         waiting: Requests not yet admitted, FCFS; preempted requests re-enter at the front.
@@ -66,6 +70,7 @@ class Scheduler:
         scheduler_config: SchedulerConfig,
         kv_cache_manager: KVCacheManager,
         num_speculative_tokens: int = 0,
+        speculates_at: Callable[[int], bool] | None = None,
     ) -> None:
         # The config checked its budgets when it was built (SchedulerConfig.__post_init__).
         cfg = scheduler_config
@@ -87,6 +92,8 @@ class Scheduler:
         self.num_generated_tokens = 0
         self.peak_blocks_in_use = 0
         self.num_speculative_tokens = num_speculative_tokens
+        self._speculates_at = speculates_at
+        self._last_batch_size = 0  # requests in the last step built (the one in flight)
         self.spec_decoding_stats = (
             SpecDecodingStats(num_speculative_tokens) if num_speculative_tokens else None
         )
@@ -131,6 +138,10 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
+        # With async scheduling: how many drafts the step in flight proposes per request.
+        k_in_flight = self.num_speculative_tokens
+        if self._speculates_at is not None and not self._speculates_at(self._last_batch_size):
+            k_in_flight = 0
 
         # 1) RUNNING: decodes and unfinished prefills, oldest first.
         req_index = 0
@@ -140,24 +151,35 @@ class Scheduler:
                 # Async scheduling: the step in flight samples its last token already.
                 req_index += 1
                 continue
-            num_new = min(
-                # Catch up with every token, including one still in flight, and with
-                # the drafts to verify (speculative decoding) ...
-                request.num_tokens_with_spec
-                + request.num_output_placeholders
-                - request.num_computed_tokens,
-                budget,  # ... as far as the budget allows (chunked prefill)
-                self.max_model_len - request.num_computed_tokens,  # never past the model
-            )
+            in_flight = request.num_output_placeholders > 0 and self.num_speculative_tokens > 0
+            if in_flight:
+                # Async scheduling with a draft model: the input token and the drafts
+                # are still on the device (sched_async_spec).
+                num_drafts = num_drafts_in_flight(request, k_in_flight, self.max_model_len)
+                num_new = 0 if num_drafts is None else min(1 + num_drafts, budget)
+            else:
+                num_new = min(
+                    # Catch up with every token, including one still in flight, and with
+                    # the drafts to verify (speculative decoding) ...
+                    request.num_tokens_with_spec
+                    + request.num_output_placeholders
+                    - request.num_computed_tokens,
+                    budget,  # ... as far as the budget allows (chunked prefill)
+                    self.max_model_len - request.num_computed_tokens,  # never past the model
+                )
             if num_new <= 0:
-                # Already caught up, or at max_model_len with its last token in flight.
+                # Already caught up, or at max_model_len with its last token in flight
+                # (or, drafts in flight, waiting for the step in flight's result).
                 req_index += 1
                 continue
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # it preempted itself: nothing behind it is left in `running`
             # The manager's live list: it only grows, and the runner reads it this step.
             block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-            drafts = take_drafts(request, num_new)
+            if in_flight:
+                drafts = [DRAFT_PLACEHOLDER] * (num_new - 1)
+            else:
+                drafts = take_drafts(request, num_new)
             scheduled.append(
                 ScheduledRequest.from_request(request, num_new, block_ids, drafts=drafts)
             )
@@ -254,8 +276,11 @@ class Scheduler:
         for s in output.scheduled:
             s.request.num_computed_tokens += s.num_scheduled_tokens
             if s.needs_sample:
-                s.request.num_output_placeholders += 1
+                # Its token, and (counted as accepted until the result says otherwise)
+                # its drafts.
+                s.request.num_output_placeholders += 1 + len(s.spec_token_ids)
         self.num_steps += bool(output.scheduled)
+        self._last_batch_size = len(output.scheduled)
         kv = self.kv_cache_manager
         self.peak_blocks_in_use = max(self.peak_blocks_in_use, kv.num_blocks - kv.num_free_blocks)
 
@@ -295,7 +320,7 @@ class Scheduler:
         finished: list[Request] = []
         for s, token, num_accepted in zip(due, tokens, accepted):
             request = s.request
-            request.num_output_placeholders -= 1
+            request.num_output_placeholders -= 1 + len(s.spec_token_ids)
             if not self.keeps_token(request):
                 continue
             # Async scheduling can preempt a request while its last step runs; it then

@@ -74,8 +74,9 @@ class EngineArgs:
         async_scheduling: Overlap the host's work for the next step with the device's
             work on the current one. None (the default) turns it on wherever it is
             supported: without speculative decoding (any ``tensor_parallel_size``), and
-            with n-gram drafts that have a ``disable_by_batch_size`` (it then overlaps
-            the steps above that batch size only).
+            with a draft model on one rank, and with n-gram drafts that have a
+            ``disable_by_batch_size`` (it then overlaps the steps above that batch size
+            only).
         speculative_config: Speculative decoding, upstream's keys:
             ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
             "prompt_lookup_max": ...}`` or ``{"method": "draft_model", "model": PATH,
@@ -249,31 +250,12 @@ class EngineArgs:
         return SpeculativeConfig.from_dict(self.speculative_config)
 
     def _resolve_async_scheduling(self) -> bool:
-        spec = self.speculative_config
-        if (
-            spec is not None
-            and spec.get("method", "ngram") == "ngram"
-            and spec.get("disable_by_batch_size") is not None
-        ):
-            # Steps above the threshold propose nothing, so the core can run them ahead
-            # as without speculation; steps that verify or propose drafts it waits for
-            # (EngineCore.step). A draft model stays synchronous (its drafts come from
-            # the worker with the step's output).
-            return self.async_scheduling is not False
-        if self.speculative_config is not None:
-            # As upstream's VllmConfig for proposers without a device-side async path:
-            # drafts are proposed from the tokens a step returns (the n-gram proposer on
-            # the host), so the next step cannot be scheduled before they arrive.
-            # Upstream overlaps them for EAGLE and draft models with placeholder drafts
-            # filled in on the device; minivllm does not build that.
-            why = (
-                "the drafts of step N+1 are proposed from the tokens step N returns, so "
-                "step N+1 cannot be scheduled while step N runs"
-            )
+        why = self._async_scheduling_unsupported()
+        if why is not None:
             if self.async_scheduling:
                 raise ValueError(
-                    f"async_scheduling=True cannot be combined with speculative_config: {why}; "
-                    "leave async_scheduling None to turn it off automatically"
+                    f"async_scheduling=True cannot be combined with this speculative_config: "
+                    f"{why}; leave async_scheduling None to turn it off automatically"
                 )
             if self.async_scheduling is None:
                 method = self.speculative_config.get("method", "ngram")
@@ -287,6 +269,38 @@ class EngineArgs:
         if self.async_scheduling is None:
             return True
         return bool(self.async_scheduling)
+
+    def _async_scheduling_unsupported(self) -> str | None:
+        """Why the speculative configuration rules async scheduling out, or None.
+
+        As upstream's VllmConfig: a proposer that runs on the device (a draft model)
+        keeps it, its drafts staying on the device for the next step (core/
+        sched_async_spec.py); the n-gram proposer, which reads each step's tokens on the
+        host, does not, unless it has a ``disable_by_batch_size``: the steps above it
+        propose nothing and run ahead, the others are waited for.
+        """
+        spec = self.speculative_config
+        if spec is None:
+            return None
+        if spec.get("method", "ngram") == "ngram" and spec.get("disable_by_batch_size") is not None:
+            # Steps above the threshold propose nothing, so the core can run them ahead
+            # as without speculation; steps that verify or propose drafts it waits for
+            # (EngineCore._needs_settling).
+            return None
+        if spec.get("method", "ngram") != "draft_model":
+            return (
+                "the drafts of step N+1 are proposed from the tokens step N returns, so "
+                "step N+1 cannot be scheduled while step N runs"
+            )
+        if self.tensor_parallel_size > 1:
+            # minivllm's own limit: the step message would need to carry placeholder
+            # drafts and every rank to keep the previous step's drafts and accepted
+            # counts; not built.
+            return (
+                "with tensor_parallel_size > 1 the draft model's drafts in flight are not "
+                "passed between steps on the workers (minivllm builds that only for one rank)"
+            )
+        return None
 
     def _resolve_device(self) -> torch.device:
         if self.device == "cuda" and not torch.cuda.is_available():

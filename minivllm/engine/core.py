@@ -19,6 +19,7 @@ from typing import Any
 from minivllm.config import VllmConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_cache_utils import get_request_block_hasher
+from minivllm.core.sched_async_spec import DRAFT_PLACEHOLDER
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.step_record import StepRecord, StepRecorder
@@ -77,6 +78,7 @@ class EngineCore:
             vllm_config.scheduler_config,
             self.kv_cache_manager,
             num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
+            speculates_at=None if spec is None else spec.speculates_at,
         )
         # Speculative decoding's proposer. Upstream's runs in the worker, after sampling:
         # so does a draft model (it needs the device; its drafts come back with the
@@ -98,10 +100,7 @@ class EngineCore:
                 "row per kept token; %s)",
                 spec.method,
                 spec.num_speculative_tokens,
-                "async scheduling is off"
-                if spec.disable_by_batch_size is None
-                else f"steps of more than {spec.disable_by_batch_size} requests propose none"
-                + (", and only they run ahead" if self.async_scheduling else ""),
+                _async_note(spec, self.async_scheduling),
             )
         self._block_hasher = (
             get_request_block_hasher(cache_config.block_size)
@@ -305,15 +304,17 @@ class EngineCore:
             request = self.scheduler.requests.get(rid)
             if rid not in sampled and request is not None:  # a prefill chunk, no token yet
                 outputs.append(self._make_output(request, None, runner_output))
-        # Drafts only with every token known (nothing in flight), and only after a step
-        # small enough to speculate (SpeculativeConfig.disable_by_batch_size).
+        # Drafts only after a step small enough to speculate
+        # (SpeculativeConfig.disable_by_batch_size). The n-gram proposer needs every
+        # token known (nothing in flight); a draft model's drafts for the requests of
+        # the step in flight are already on the device, and the values are written into
+        # that step here.
         spec = self.vllm_config.speculative_config
-        if (
-            spec is not None
-            and self._in_flight is None
-            and spec.speculates_at(len(scheduler_output.scheduled))
-        ):
-            self._propose_drafts(runner_output)
+        if spec is not None and spec.speculates_at(len(scheduler_output.scheduled)):
+            if self._in_flight is None or self.drafter is None:
+                self._propose_drafts(runner_output)
+            if self._in_flight is not None:
+                _fill_drafts_in_flight(self._in_flight[0], runner_output)
 
     def _needs_settling(self, scheduler_output: SchedulerOutput) -> bool:
         """Whether a step queued ahead must be processed before the next is scheduled.
@@ -324,8 +325,8 @@ class EngineCore:
         every token); the others are waited for, as without async scheduling.
         """
         spec = self.vllm_config.speculative_config
-        if spec is None:
-            return False
+        if spec is None or self.drafter is None:
+            return False  # a draft model's drafts stay on the device (sched_async_spec)
         scheduled = scheduler_output.scheduled
         return spec.speculates_at(len(scheduled)) or any(s.spec_token_ids for s in scheduled)
 
@@ -404,6 +405,34 @@ class EngineCore:
             out.finish_reason = _FINISH_REASONS[request.status]
             out.stop_reason = request.stop_reason
         return out
+
+
+def _async_note(spec, async_scheduling: bool) -> str:
+    """How speculation and async scheduling combine, for the start-up log line."""
+    if spec.disable_by_batch_size is None:
+        return f"async scheduling is {'on' if async_scheduling else 'off'}"
+    note = f"steps of more than {spec.disable_by_batch_size} requests propose none"
+    if spec.method == "ngram":
+        return note + (", and only they run ahead" if async_scheduling else "")
+    return note + f"; async scheduling is {'on' if async_scheduling else 'off'}"
+
+
+def _fill_drafts_in_flight(in_flight: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
+    """Write the drafts a step proposed into the step in flight that verifies them.
+
+    With async scheduling and a draft model, the step in flight was scheduled before
+    these drafts reached the host: its requests carry ``DRAFT_PLACEHOLDER``s there (the
+    runner took the values from the device). The scheduler needs the values when it
+    applies that step's result (the accepted drafts become output tokens).
+    """
+    proposed = runner_output.draft_token_ids
+    if proposed is None:
+        return
+    by_id = dict(zip(runner_output.req_ids, proposed))
+    for s in in_flight.scheduled:
+        drafts = by_id.get(s.request_id)
+        if drafts is not None and s.spec_token_ids and s.spec_token_ids[0] == DRAFT_PLACEHOLDER:
+            s.spec_token_ids = list(drafts[: len(s.spec_token_ids)])
 
 
 def _check_pool_fits_one_request(num_blocks: int, block_size: int, max_model_len: int) -> None:

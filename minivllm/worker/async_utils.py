@@ -40,6 +40,10 @@ class AsyncOutput(AsyncModelRunnerOutput):
         logprobs_tensors: The sampler's logprobs on the device, or None.
         logits_finite: ``[num_sampling_reqs]`` bool on the device (False: that row's
             request failed), or None.
+        num_accepted: ``[num_sampling_reqs]`` drafts each request accepted (speculative
+            decoding), or None.
+        draft_token_ids: ``[num_sampling_reqs, k]`` the draft model's proposals for
+            the next step, or None.
     """
 
     def __init__(
@@ -48,23 +52,29 @@ class AsyncOutput(AsyncModelRunnerOutput):
         sampled_token_ids: torch.Tensor | None,
         logprobs_tensors: LogprobsTensors | None = None,
         logits_finite: torch.Tensor | None = None,
+        num_accepted: torch.Tensor | None = None,
+        draft_token_ids: torch.Tensor | None = None,
     ) -> None:
         self._output = output
         self._logprobs_tensors = logprobs_tensors
-        self._ready = sampled_token_ids is None
+        self._ready = sampled_token_ids is None and draft_token_ids is None
         self._event: torch.cuda.Event | None = None
         self._sampled_cpu: torch.Tensor | None = None
+        # Speculative decoding's counts and drafts travel the same way as the tokens,
+        # so the host never waits for them before get_output().
+        self._accepted_cpu = _to_host(num_accepted)
+        self._drafts_cpu = _to_host(draft_token_ids)
         # A TP worker's reply thread and its main thread (reading the tokens in flight
         # for the penalties) may both ask.
         self._lock = threading.Lock()
-        if sampled_token_ids is None:
+        if sampled_token_ids is not None:
+            if logits_finite is not None:
+                sampled_token_ids = torch.where(logits_finite, sampled_token_ids, -1)
+            self._sampled_cpu = _to_host(sampled_token_ids)
+        if self._ready:
             return
-        if logits_finite is not None:
-            sampled_token_ids = torch.where(logits_finite, sampled_token_ids, -1)
-        # A device-to-host copy with non_blocking=True lands in pinned memory and does
-        # not make the host wait; the event marks when it has really arrived.
-        self._sampled_cpu = sampled_token_ids.to("cpu", non_blocking=True)
-        if sampled_token_ids.is_cuda:
+        if (draft_token_ids if sampled_token_ids is None else sampled_token_ids).is_cuda:
+            # The event marks when every copy queued above has really arrived.
             self._event = torch.cuda.Event()
             self._event.record()
 
@@ -79,7 +89,14 @@ class AsyncOutput(AsyncModelRunnerOutput):
     def _resolve(self) -> None:
         if self._event is not None:
             self._event.synchronize()
-        assert self._sampled_cpu is not None
+        if self._accepted_cpu is not None:
+            self._output.num_accepted_tokens = self._accepted_cpu.tolist()
+        if self._drafts_cpu is not None:
+            self._output.draft_token_ids = self._drafts_cpu.tolist()
+        self._accepted_cpu = self._drafts_cpu = None
+        if self._sampled_cpu is None:  # a step of prefill chunks only: drafts, no token
+            self._ready = True
+            return
         ids = self._sampled_cpu.tolist()
         self._output.sampled_token_ids = ids
         if -1 in ids:  # a C-level scan; a failed row is rare
@@ -91,3 +108,9 @@ class AsyncOutput(AsyncModelRunnerOutput):
             self._output.logprobs = self._logprobs_tensors.tolists()
         self._ready = True
         self._sampled_cpu = self._logprobs_tensors = None
+
+
+def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """Queue a copy to the host: with non_blocking=True a device tensor lands in pinned
+    memory without making the host wait (read it only after the step's event)."""
+    return None if tensor is None else tensor.to("cpu", non_blocking=True)

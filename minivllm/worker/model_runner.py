@@ -24,15 +24,16 @@ from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput
 from minivllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.model_executor.loader import get_model
-from minivllm.runner_outputs import ModelRunnerOutput
+from minivllm.runner_outputs import ModelRunnerOutput, SamplerOutput
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.prompt_logprobs import compute_prompt_logprobs
-from minivllm.sample.rejection_sampler import RejectionSampler, requests_at_sampled_rows
+from minivllm.sample.rejection_sampler import RejectionSampler
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingType
 from minivllm.spec_decode.draft_model import DraftModelProposer, TargetBatch
 from minivllm.spec_decode.metadata import SpecDecodeMetadata
-from minivllm.utils.torch_utils import copy_arrays_to_device
+from minivllm.utils.torch_utils import copy_arrays_to_device, copy_to_device
+from minivllm.worker.async_spec import PrevStep, fill_drafts_in_flight, slots_on_device
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.cuda_graph import CUDAGraphRunner
 from minivllm.worker.kernel_warmup import kernel_warmup
@@ -105,10 +106,10 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         # The previous step's sampled ids, kept on the device: with async scheduling the
         # next step is prepared before they reach the host, and its input ids for those
-        # requests are filled in from here (request id -> row of the tensor).
+        # requests are filled in from here.
+        # With a draft model also its drafts, and the drafts it rejected (async_spec.py).
+        self._prev = PrevStep()
         self._prev_output: AsyncOutput | None = None
-        self._prev_sampled: torch.Tensor | None = None
-        self._prev_rows: dict[str, int] = {}
 
     # ---- initialization -------------------------------------------------------------
 
@@ -204,14 +205,17 @@ class ModelRunner:
         block_table = np.zeros((num_reqs, int(num_blocks.max())), dtype=np.int32)
         tokens: list[int] = []
         placeholders: list[tuple[int, str]] = []  # (flat index, request id)
+        in_flight_rows: list[int] = []  # batch rows of those requests
         for i, s in enumerate(scheduled):
             block_table[i, : len(s.block_ids)] = s.block_ids
             known = s.token_ids
-            tokens.extend(known)
             if len(known) < s.num_scheduled_tokens:
-                # Async scheduling: the last input is the token the step in flight samples.
+                # Async scheduling: the first input is the token the step in flight
+                # samples (with a draft model, the drafts after it are in flight too).
                 placeholders.append((len(tokens), s.request_id))
+                in_flight_rows.append(i)
                 tokens.append(0)
+            tokens.extend(known)
         # Which request each token belongs to, and its position within the sequence.
         req_idx = np.repeat(np.arange(num_reqs), num_new)
         positions = np.arange(len(tokens)) - np.repeat(query_start_loc[:-1], num_new)
@@ -227,7 +231,8 @@ class ModelRunner:
             spec_metadata = SpecDecodeMetadata.from_draft_token_ids(
                 drafts, self.device, query_start_loc[1:][needs_sample]
             )
-        fill_dst, fill_src = self._placeholder_sources(placeholders)
+        num_drafts = np.fromiter((len(s.spec_token_ids) for s in scheduled), np.int64, num_reqs)
+        fill_dst, fill_src = self._placeholder_sources(placeholders, num_drafts[in_flight_rows])
         input_ids, positions_d, slots, logits_idx, dst, src, table, seq_lens_d, qsl = (
             copy_arrays_to_device(
                 [
@@ -245,10 +250,21 @@ class ModelRunner:
                 self.device,
             )
         )
+        shift = None
         if placeholders:
             # Queued behind the previous step on the same stream: it reads the ids
             # after they are written, and the host never waits for them.
-            input_ids[dst] = self._prev_sampled[src]
+            input_ids[dst] = self._prev.tokens()[src]
+            shift = self._prev.position_shift(placeholders, in_flight_rows, num_reqs)
+        if shift is not None:
+            # Drafts of the step in flight that it rejects: the scheduler counted them
+            # as computed, so these requests' tokens sit lower by as many positions.
+            req_idx_d = copy_to_device([req_idx], np.int64, self.device)[0]
+            positions_d -= shift[req_idx_d]
+            seq_lens_d -= shift.to(torch.int32)
+            slots = slots_on_device(table, req_idx_d, positions_d, bs)
+        if spec_metadata is not None and placeholders:
+            fill_drafts_in_flight(spec_metadata, input_ids)
         attn_metadata = AttentionMetadata(
             slot_mapping=slots,
             block_table=table,
@@ -264,24 +280,16 @@ class ModelRunner:
             logits_indices=logits_idx if spec_metadata is None else spec_metadata.logits_indices,
             placeholder_req_ids=[rid for _, rid in placeholders],
             spec_decode_metadata=spec_metadata,
-            batch=TargetBatch(query_start_loc, starts, block_table, num_blocks, needs_sample),
+            batch=TargetBatch(
+                query_start_loc, starts, block_table, num_blocks, needs_sample, num_drafts, shift
+            ),
         )
 
     def _placeholder_sources(
-        self, placeholders: list[tuple[int, str]]
+        self, placeholders: list[tuple[int, str]], num_drafts: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """For each placeholder: its index in the flat batch, and the row of the previous
-        step's sampled ids that holds its value."""
-        missing = [rid for _, rid in placeholders if rid not in self._prev_rows]
-        if placeholders and (missing or self._prev_sampled is None):
-            raise RuntimeError(
-                f"requests {missing} have an input token in flight, but the previous step "
-                f"did not sample for them"
-            )
-        n = len(placeholders)
-        dst = np.fromiter((i for i, _ in placeholders), np.int64, n)
-        src = np.fromiter((self._prev_rows[rid] for _, rid in placeholders), np.int64, n)
-        return dst, src
+        """Where each placeholder token goes and comes from (``PrevStep.sources``)."""
+        return self._prev.sources(placeholders, num_drafts)
 
     def _update_generators(self, scheduler_output: SchedulerOutput) -> None:
         for req_id in scheduler_output.finished_req_ids:
@@ -314,7 +322,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncOutput:
         """Queue one step on the device: forward, then sample for requests that completed
-        their input. Returns before the device is done; ``get_output()`` waits for it."""
+        their input (verify their drafts, with speculative decoding), then let a draft
+        model propose. Returns before the device is done; ``get_output()`` waits for it."""
         self._update_generators(scheduler_output)
         if scheduler_output.is_empty:
             return AsyncOutput(ModelRunnerOutput([], []), None)
@@ -326,84 +335,95 @@ class ModelRunner:
         sampling = scheduler_output.sampling_requests()
         output = ModelRunnerOutput([s.request_id for s in sampling], [], None, prompt_logprobs)
         if not sampling:
-            self._propose_draft_tokens(output, inputs, sampling)
+            self._propose_draft_tokens(inputs, inputs.input_ids[:0], None)  # catch up only
             return AsyncOutput(output, None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        num_accepted = emitted = None
         if inputs.spec_decode_metadata is not None:
-            verified = self._verify_drafts(output, logits, sampling, inputs.spec_decode_metadata)
-            self._propose_draft_tokens(output, inputs, sampling)
-            return verified
-        requests = [s.request for s in sampling]
-        metadata = SamplingMetadata.from_requests(
-            requests,
+            sampler_output, emitted, num_accepted = self._verify_drafts(logits, sampling, inputs)
+            sampled = sampler_output.sampled_token_ids
+        else:
+            sampler_output = self.sampler(logits, self._sampling_metadata(sampling, inputs, logits))
+            sampled = sampler_output.sampled_token_ids
+        drafts = self._propose_draft_tokens(inputs, sampled, num_accepted)
+        spec = inputs.spec_decode_metadata
+        self._prev = PrevStep.after_step(
+            output.req_ids, sampled, drafts, emitted, num_accepted, spec and spec.num_draft_tokens
+        )
+        self._prev_output = AsyncOutput(
+            output,
+            sampled,
+            sampler_output.logprobs_tensors,
+            sampler_output.logits_finite,
+            num_accepted,
+            drafts,
+        )
+        return self._prev_output
+
+    def _sampling_metadata(
+        self, sampling: list[ScheduledRequest], inputs: ModelInputs, logits: torch.Tensor
+    ) -> SamplingMetadata:
+        """The sampler's inputs for a step without drafts."""
+        if self.drafter is not None and inputs.placeholder_req_ids:
+            # A request in flight may gain several tokens there (its accepted drafts).
+            rows = self._prev.sampled_rows(sampling, inputs.placeholder_req_ids, False)
+            return SamplingMetadata.from_requests(
+                rows, self.device, self.generators, logits.shape[-1]
+            )
+        return SamplingMetadata.from_requests(
+            [s.request for s in sampling],
             self.device,
             self.generators,
             logits.shape[-1],
             in_flight_ids=frozenset(inputs.placeholder_req_ids),
             read_in_flight=self._read_in_flight_tokens,
         )
-        sampler_output = self.sampler(logits, metadata)
-        sampled = sampler_output.sampled_token_ids
-        self._prev_sampled = sampled
-        self._prev_rows = {rid: i for i, rid in enumerate(output.req_ids)}
-        self._prev_output = AsyncOutput(
-            output, sampled, sampler_output.logprobs_tensors, sampler_output.logits_finite
-        )
-        self._propose_draft_tokens(output, inputs, sampling)
-        return self._prev_output
 
     def _verify_drafts(
-        self,
-        output: ModelRunnerOutput,
-        logits: torch.Tensor,
-        sampling: list[ScheduledRequest],
-        spec_metadata: SpecDecodeMetadata,
-    ) -> AsyncOutput:
+        self, logits: torch.Tensor, sampling: list[ScheduledRequest], inputs: ModelInputs
+    ) -> tuple[SamplerOutput, torch.Tensor, torch.Tensor]:
         """Speculative decoding: each request keeps its accepted drafts and one token.
 
-        ``output.sampled_token_ids`` gets the token after the accepted drafts and
-        ``output.num_accepted_tokens`` how many drafts were accepted; the scheduler,
-        which knows the drafts, rebuilds the run. Counting them needs the host to wait
-        for the device, which is free here: async scheduling is off with speculation.
+        Returns the sampler output whose ``sampled_token_ids`` are the token after each
+        request's accepted drafts, the grid of every token it gains, and how many drafts
+        it accepted, all on the device: the scheduler, which knows the drafts, rebuilds
+        the run once they reach the host.
         """
-        drafts = [s.spec_token_ids for s in sampling]
+        spec_metadata = inputs.spec_decode_metadata
+        assert spec_metadata is not None
+        rows = self._prev.sampled_rows(sampling, inputs.placeholder_req_ids, True)
         metadata = SamplingMetadata.from_requests(
-            requests_at_sampled_rows([s.request for s in sampling], drafts),
-            self.device,
-            self.generators,
-            logits.shape[-1],
+            rows, self.device, self.generators, logits.shape[-1]
         )
         result = self.rejection_sampler(spec_metadata, None, logits, metadata)
         last, num_accepted, logprobs = RejectionSampler.last_tokens(result)
-        output.num_accepted_tokens = num_accepted.tolist()
-        self._prev_sampled = last
-        self._prev_rows = {rid: i for i, rid in enumerate(output.req_ids)}
-        self._prev_output = AsyncOutput(output, last, logprobs, result.logits_finite)
-        return self._prev_output
+        return (
+            SamplerOutput(last, logprobs, result.logits_finite),
+            result.sampled_token_ids,
+            num_accepted,
+        )
 
     def _propose_draft_tokens(
-        self, output: ModelRunnerOutput, inputs: ModelInputs, sampling: list[ScheduledRequest]
-    ) -> None:
+        self,
+        inputs: ModelInputs,
+        sampled: torch.Tensor,
+        num_accepted: torch.Tensor | None,
+    ) -> torch.Tensor | None:
         """With a draft model: it catches up on the tokens the target kept this step and
-        proposes ``k`` drafts per sampling request into ``output.draft_token_ids``. The
-        host waits for them, which is free: speculation runs with sync scheduling."""
+        proposes ``k`` drafts per sampling request (``[num_sampling, k]`` on the device);
+        None without one."""
         if self.drafter is None:
-            return
-        next_ids = self._prev_sampled if sampling else inputs.input_ids[:0]
-        num_drafts = [len(s.spec_token_ids) for s in sampling]
+            return None
+        assert inputs.batch is not None
         # Above disable_by_batch_size the draft's cache still follows the target (the
-        # catch-up pass), but no drafts are proposed: the engine asks the same rule.
+        # catch-up pass), but no drafts are proposed: the engine and the scheduler ask
+        # the same rule.
         spec = self.vllm_config.speculative_config
         catch_up_only = not spec.speculates_at(len(inputs.batch.num_computed))
         drafts = self.drafter.propose(
-            inputs.batch,
-            inputs.input_ids,
-            next_ids,
-            num_drafts,
-            output.num_accepted_tokens,
-            catch_up_only,
+            inputs.batch, inputs.input_ids, sampled, num_accepted, catch_up_only
         )
-        output.draft_token_ids = None if catch_up_only else drafts.tolist()
+        return None if catch_up_only else drafts
 
     def _read_in_flight_tokens(self) -> dict[str, int]:
         """The previous step's sampled tokens by request id, for the penalties.
@@ -417,4 +437,4 @@ class ModelRunner:
         sampled = self._prev_output.get_output().sampled_token_ids
         # A failed row reads -1, which must not index the vocabulary; that request's
         # token of this step is dropped anyway (it finished with an error).
-        return {rid: max(sampled[row], 0) for rid, row in self._prev_rows.items()}
+        return {rid: max(sampled[row], 0) for rid, row in self._prev.rows.items()}

@@ -99,10 +99,10 @@ def test_a_step_stays_in_flight_and_its_tokens_are_filled_on_the_device(
     def count_fills(runner) -> None:
         original = runner._placeholder_sources
 
-        def counting(placeholders):
+        def counting(placeholders, *args):
             if placeholders:
                 fills.append(len(placeholders))
-            return original(placeholders)
+            return original(placeholders, *args)
 
         monkeypatch.setattr(runner, "_placeholder_sources", counting)
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from minivllm import LLM, SamplingParams
 from minivllm.demo import demo_model_path
 from minivllm.engine.arg_utils import EngineArgs
+from minivllm.request import RequestStatus
 from minivllm.worker.cuda_graph import DECODE, PREFILL, VERIFY, CUDAGraphRunner
 from tests.engine.test_llm_engine import _workload
 from tests.tiny_models import make_hf_config
@@ -142,11 +143,13 @@ def test_demo_model_drafting_for_itself_is_always_accepted() -> None:
     assert accepted.num_accepted_tokens_per_pos[0] == accepted.num_drafts
 
 
-def test_every_proposal_is_the_drafts_own_greedy_continuation(case) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_every_proposal_is_the_drafts_own_greedy_continuation(case, async_scheduling) -> None:
     """Each step's k drafts must be exactly what the draft model, run alone without a
     cache, continues the request's tokens with. Equal outputs cannot show this (the
     target corrects any draft); a draft cache that lost its place after a rejection, a
-    preemption, a chunked prefill or a prefix hit proposes something else here."""
+    preemption, a chunked prefill or a prefix hit proposes something else here (with
+    async scheduling: also one whose positions missed the previous step's rejections)."""
     from tests.tiny_models import load_hf_model
 
     target, draft, prompts, params, _ = case
@@ -156,18 +159,25 @@ def test_every_proposal_is_the_drafts_own_greedy_continuation(case) -> None:
         device="cpu",
         max_model_len=MAX_MODEL_LEN,
         speculative_config=draft_model(draft, 3),
+        async_scheduling=async_scheduling,
         **PREEMPTING,
     )
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    core = llm.llm_engine.engine_core.engine_core
+    scheduler = core.scheduler
     proposals: list[tuple[list[int], list[int]]] = []
-    update = scheduler.update_draft_token_ids
+    propose = core._propose_drafts
 
-    def record(drafts: dict[str, list[int]]) -> None:
-        for rid, tokens in drafts.items():
-            proposals.append((list(scheduler.requests[rid].all_token_ids), list(tokens)))
-        update(drafts)
+    def record(runner_output) -> None:
+        # Every request that sampled and still runs, with the tokens it has after
+        # the step (with async scheduling most drafts never pass the host's scheduler:
+        # the next step took them from the device).
+        for rid, tokens in zip(runner_output.req_ids, runner_output.draft_token_ids or []):
+            request = scheduler.requests.get(rid)
+            if request is not None and request.status == RequestStatus.RUNNING:
+                proposals.append((list(request.all_token_ids), list(tokens)))
+        propose(runner_output)
 
-    scheduler.update_draft_token_ids = record
+    core._propose_drafts = record
     llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert llm.llm_engine.stats.num_preemptions > 0
     assert len(proposals) > 50

@@ -57,34 +57,63 @@ def test_runner_sizes_the_pool_and_the_drafts_cache_with_the_draft(tmp_path) -> 
     assert len(with_draft.draft_kv_caches) == 1 and len(with_draft.kv_caches) == 2
 
 
-def test_positions_past_a_requests_blocks_go_to_its_scratch_blocks() -> None:
-    """Two requests: a prefill chunk (no sample) and a decode that verified 2 drafts and
-    rejected one. Block size 4, k = 3, a pool of 10 blocks (scratch: blocks 10 and 11)."""
-    proposer = DraftModelProposer(torch.nn.Identity(), 3, 4, 64, 2, torch.device("cpu"))
-    proposer.set_num_blocks(10)
-    batch = TargetBatch(
+def _two_requests(shift: torch.Tensor | None = None) -> TargetBatch:
+    """A prefill chunk of 5 tokens (no sample) and a decode that verified 2 drafts.
+    Block size 4; the decode holds blocks 7 and 2 (positions 0..7)."""
+    return TargetBatch(
         query_start_loc=np.array([0, 5, 8]),
         num_computed=np.array([0, 6]),
         block_table=np.array([[3, 4], [7, 2]]),
         num_blocks=np.array([2, 2]),
         needs_sample=np.array([False, True]),
+        num_draft_tokens=np.array([0, 2]),
+        position_shift=shift,
     )
-    plan = proposer._plan(batch, num_tokens=8, num_rejected=np.array([1]))
-    # Request 0 feeds its 5 prefill tokens; request 1 its last token and the accepted
-    # draft (the rejected one left out), then the token it sampled (index 8 + 0).
-    assert plan.src.tolist() == [0, 1, 2, 3, 4, 5, 6, 8]
-    assert plan.positions.tolist() == [0, 1, 2, 3, 4, 6, 7, 8]
-    # Request 1 holds positions 0..7; its new token's position 8 is past them: scratch.
-    assert plan.slots.tolist() == [12, 13, 14, 15, 16, 2 * 4 + 2, 2 * 4 + 3, 11 * 4]
-    assert plan.sample_idx.tolist() == [7]
-    assert plan.seq_lens.tolist() == [5, 9]
-    # The chain: positions 9 and 10, in request 1's scratch block (11, its batch row's).
-    assert plan.chain_pos.tolist() == [[9], [10]]
-    assert plan.chain_slots.tolist() == [[45], [46]]
-    assert plan.chain_table.tolist() == [[7, 2, 11]]
+
+
+def _layout(batch: TargetBatch, num_accepted: int):
+    """k = 3, a pool of 10 blocks (scratch: blocks 10 and 11, one per batch row)."""
+    proposer = DraftModelProposer(torch.nn.Identity(), 3, 4, 64, 2, torch.device("cpu"))
+    proposer.set_num_blocks(10)
+    input_ids = torch.arange(100, 108)
+    return proposer._layout(batch, input_ids, torch.tensor([200]), torch.tensor([num_accepted]))
+
+
+def test_positions_past_a_requests_blocks_go_to_its_scratch_blocks() -> None:
+    """The decode accepted 1 of its 2 drafts: its new token takes the rejected draft's
+    place, so the pass has the same shape whatever the verification decided."""
+    passes = _layout(_two_requests(), num_accepted=1)
+    # Request 0 feeds its 5 prefill tokens; request 1 its last token, the accepted
+    # draft, the new token (where the rejected draft was), and a spare copy of it.
+    assert passes.tokens.tolist() == [100, 101, 102, 103, 104, 105, 106, 200, 200]
+    assert passes.positions.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    # Request 1 holds positions 0..7; positions 8 and 9 are past them: its scratch block
+    # (11, its batch row's).
+    slots = passes.meta.slot_mapping.tolist()
+    assert slots == [12, 13, 14, 15, 16, 2 * 4 + 2, 2 * 4 + 3, 11 * 4, 11 * 4 + 1]
+    assert passes.sample_idx.tolist() == [7]  # draft 1 is the argmax after the new token
+    assert passes.meta.seq_lens.tolist() == [5, 10]
+    # The chain: after the new token's position 8, positions 9 and 10, in scratch.
+    assert [p.tolist() for p in passes.chain_positions] == [[9], [10]]
+    assert [m.slot_mapping.tolist() for m in passes.chain_metas] == [[45], [46]]
+    assert passes.chain_metas[0].block_table.tolist() == [[7, 2, 11]]
     # No slot of any pass lands in a block of the pool that the request does not hold.
-    for slots, own in ((plan.slots[:5], {3, 4}), (plan.slots[5:], {7, 2})):
-        assert all(s // 4 in own or s // 4 >= 10 for s in slots.tolist())
+    for own, part in (({3, 4}, slots[:5]), ({7, 2}, slots[5:])):
+        assert all(s // 4 in own or s // 4 >= 10 for s in part)
+
+
+def test_all_accepted_puts_the_new_token_last_and_a_shift_moves_everything_down() -> None:
+    passes = _layout(_two_requests(), num_accepted=2)
+    assert passes.tokens.tolist()[5:] == [105, 106, 107, 200]
+    assert passes.sample_idx.tolist() == [8]
+    assert [p.tolist() for p in passes.chain_positions] == [[10], [11]]
+    # Async scheduling: the previous step rejected one draft the scheduler counted, so
+    # request 1's tokens sit one position lower (request 0 does not move).
+    shifted = _layout(_two_requests(torch.tensor([0, 1])), num_accepted=2)
+    assert shifted.positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    assert shifted.meta.slot_mapping.tolist()[5:] == [2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 11 * 4]
+    assert shifted.meta.seq_lens.tolist() == [5, 9]
+    assert [p.tolist() for p in shifted.chain_positions] == [[9], [10]]
 
 
 def test_chain_positions_stop_at_max_model_len() -> None:
@@ -97,6 +126,9 @@ def test_chain_positions_stop_at_max_model_len() -> None:
         num_blocks=np.array([2]),
         needs_sample=np.array([True]),
     )
-    plan = proposer._plan(batch, num_tokens=1, num_rejected=np.array([0]))
-    assert plan.positions.tolist() == [7, 8]
-    assert plan.chain_pos[:, 0].tolist() == [9, 9, 9]
+    passes = proposer._layout(batch, torch.tensor([5]), torch.tensor([6]), None)
+    assert passes.positions.tolist() == [7, 8]
+    assert [p.tolist() for p in passes.chain_positions] == [[9], [9], [9]]
+    # Position 9 goes to the row's scratch block (5); the passes past the last position
+    # run there too but write nothing.
+    assert [m.slot_mapping.tolist() for m in passes.chain_metas] == [[5 * 4 + 1], [-1], [-1]]
