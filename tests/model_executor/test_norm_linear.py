@@ -138,7 +138,7 @@ def test_warm_up_launches_each_column_parallel_shape(monkeypatch):
         assert warm_up_norm_gemv(model) == 2 * 2 * 2  # 2 shapes x 1, 2 rows x residual or not
     with CustomOp.force("native"):
         assert warm_up_norm_gemv(model) == 0
-    monkeypatch.delenv(NORM_GEMV_ENV)  # the default: off until measured on the GPU
+    monkeypatch.delenv(NORM_GEMV_ENV)  # the default
     with CustomOp.force("cuda"):
         assert warm_up_norm_gemv(model) == (8 if NORM_GEMV_DEFAULT == "1" else 0)
 

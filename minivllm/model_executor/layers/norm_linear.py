@@ -9,9 +9,9 @@ programs load whole rows of the activations anyway, so the add and the norm ride
 CPU, prefill, bigger batches, ``K`` over 1024, the switch off) this is the norm call
 followed by the layer call, unchanged.
 
-Off by default until its H200 measurement is in (``MINIVLLM_NORM_GEMV=1`` turns it
-on); read when a step runs, so set it before the engine starts (CUDA graphs keep what
-they captured).
+On by default since the H200 measurement (``docs/benchmarks/perf2/latency_norm_gemv.json``);
+``MINIVLLM_NORM_GEMV=0`` turns it off. Read when a step runs, so set it before the engine
+starts (CUDA graphs keep what they captured).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from minivllm.model_executor.layers.linear import ColumnParallelLinear, gemv_max
 #: them separate.
 NORM_GEMV_ENV = "MINIVLLM_NORM_GEMV"
 #: The setting without the switch.
-NORM_GEMV_DEFAULT = "0"
+NORM_GEMV_DEFAULT = "1"
 
 
 def norm_gemv_enabled() -> bool:
