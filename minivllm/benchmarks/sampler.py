@@ -139,8 +139,9 @@ def device_checks(device: torch.device, vocab: int, draws: int, gen: torch.Gener
         counts = torch.bincount(drawn, minlength=row.numel()).cpu()
         pvalues[name] = _chi_square_pvalue(counts, target)
     return {"greedy_rows_equal_argmax": greedy_equal, "chi_square_draws": draws,
-            f"chi_square_pvalue_at_{CHECK_TEMPERATURE}": pvalues["right"],
-            f"chi_square_pvalue_drawn_at_{WRONG_TEMPERATURE}": pvalues["wrong"]}  # fmt: skip
+            "chi_square_pvalue": pvalues["right"], "chi_square_temperature": CHECK_TEMPERATURE,
+            "chi_square_pvalue_wrong_temperature": pvalues["wrong"],
+            "wrong_temperature": WRONG_TEMPERATURE}  # fmt: skip
 
 
 def run_sampler_bench(args: argparse.Namespace) -> dict[str, Any]:
