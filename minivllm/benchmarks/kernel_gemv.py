@@ -177,7 +177,7 @@ class Shape:
 def candidate_configs(m: int, n: int) -> list:
     """Every configuration the sweep tries for M = ``m`` on a layer with ``n`` outputs,
     tensor-core and CUDA-core tilings alternating (so a time budget cuts both alike)."""
-    from minivllm.model_executor.layers.triton_skinny_gemm import GemvConfig
+    from minivllm.model_executor.layers.utils import GemvConfig
 
     bases = [(cfg, True) for cfg in DOT_CONFIGS]
     if m <= 4:
@@ -205,7 +205,8 @@ def _compile_variants(jobs: list[tuple[int, dict]]) -> int:
     """Compile each ``(m, config)`` by launching it on small inputs that Triton specialises
     like the real shapes (every size a multiple of 16); runs in a worker process and fills
     Triton's on-disk cache, from which the timing process then loads every variant."""
-    from minivllm.model_executor.layers.triton_skinny_gemm import GemvConfig, launch_skinny_gemm
+    from minivllm.model_executor.layers.triton_skinny_gemm import launch_skinny_gemm
+    from minivllm.model_executor.layers.utils import GemvConfig
 
     x = torch.randn(8, 256, dtype=DTYPE, device="cuda")
     w = torch.randn(64, 256, dtype=DTYPE, device="cuda")
@@ -255,7 +256,7 @@ def _variants(args: argparse.Namespace) -> list[tuple[int, dict]]:
 
 def run(args: argparse.Namespace) -> dict:
     """Time torch and the kernel on every shape; with ``args.sweep`` every candidate."""
-    from minivllm.model_executor.layers.triton_skinny_gemm import default_config
+    from minivllm.model_executor.layers.utils import default_config
 
     start = time.monotonic()
     output = Path(args.output)

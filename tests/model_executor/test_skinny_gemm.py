@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.model_executor.custom_op import NATIVE_OPS_ENV, CustomOp
-from minivllm.model_executor.layers import linear, triton_skinny_gemm
+from minivllm.model_executor.layers import linear, triton_skinny_gemm, utils
 from minivllm.model_executor.layers.activation import SiluAndMul
 from minivllm.model_executor.layers.linear import (
     GEMV_MAX_M_ENV,
@@ -24,12 +24,8 @@ from minivllm.model_executor.layers.linear import (
     RowParallelLinear,
     gemv_max_m,
 )
-from minivllm.model_executor.layers.triton_skinny_gemm import (
-    GemvConfig,
-    default_config,
-    launch_skinny_gemm,
-    skinny_gemm,
-)
+from minivllm.model_executor.layers.triton_skinny_gemm import launch_skinny_gemm, skinny_gemm
+from minivllm.model_executor.layers.utils import GemvConfig, default_config
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 CONFIGS = [
@@ -152,10 +148,10 @@ def test_default_config_follows_the_sweep():
 
 
 def test_pdl_needs_the_switch_and_a_gpu(monkeypatch):
-    monkeypatch.setattr(triton_skinny_gemm, "_PDL_ENV", "1")
-    assert not triton_skinny_gemm.pdl_enabled(torch.device("cpu"))
-    monkeypatch.setattr(triton_skinny_gemm, "_PDL_ENV", "0")
-    assert not triton_skinny_gemm.pdl_enabled(torch.device("cuda", 0))
+    monkeypatch.setattr(utils, "_PDL_ENV", "1")
+    assert not utils.pdl_enabled(torch.device("cpu"))
+    monkeypatch.setattr(utils, "_PDL_ENV", "0")
+    assert not utils.pdl_enabled(torch.device("cuda", 0))
 
 
 # ---------------------------------------------------------------------------- dispatch
@@ -217,7 +213,7 @@ def test_layers_that_widen_stay_on_cublas_unless_pdl(monkeypatch):
     with CustomOp.force("cuda"):
         wide(torch.randn(1, 16, device=DEVICE))
         assert calls == [] and wide.gemv_max_m == 0
-        monkeypatch.setattr(triton_skinny_gemm, "pdl_enabled", lambda device: True)
+        monkeypatch.setattr(utils, "pdl_enabled", lambda device: True)
         CustomOp._set_forced("cuda")  # re-bind, as a new process would
         wide(torch.randn(1, 16, device=DEVICE))
     assert calls == [1]
@@ -243,7 +239,7 @@ def test_pdl_chain_reads_what_the_norm_just_wrote(monkeypatch):
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs Hopper or newer")
-    monkeypatch.setattr(triton_skinny_gemm, "_PDL_ENV", "1")
+    monkeypatch.setattr(utils, "_PDL_ENV", "1")
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
     norm_w = torch.rand(1024, device="cuda", dtype=torch.bfloat16, generator=gen) + 0.5

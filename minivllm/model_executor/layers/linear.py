@@ -16,8 +16,8 @@ Every layer is a :class:`~minivllm.model_executor.custom_op.CustomOp`: ``forward
 ``F.linear``; ``forward_cuda`` sends an input of at most ``MINIVLLM_GEMV_MAX_M`` rows (a
 decode step of a small batch) to the Triton kernel of ``triton_skinny_gemm.py``, which
 streams the weight at close to the memory bandwidth where cuBLAS does not, and larger
-inputs to ``F.linear``, on the layer shapes where it beats cuBLAS. A tensor-parallel
-shard is just a smaller weight to it.
+inputs to ``F.linear``, on the layer shapes where it beats cuBLAS (``utils.kernel_wins``).
+A tensor-parallel shard is just a smaller weight to it.
 
 Unlike upstream, ``forward`` returns one tensor rather than ``(output, bias)``: minivllm
 never defers the bias add into a following fused kernel.
@@ -43,6 +43,7 @@ from minivllm.distributed.parallel_state import (
 )
 from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.activation import SiluAndMul
+from minivllm.model_executor.layers.utils import kernel_wins
 from minivllm.model_executor.weight_utils import check_shape
 
 #: Environment switch: the most rows (tokens) an input may have to use the small-M kernel;
@@ -139,10 +140,8 @@ class LinearBase(CustomOp):
         impl = super().dispatch_forward(device)
         self.gemv_max_m = 0
         if impl == self.forward_cuda:
-            from minivllm.model_executor.layers import triton_skinny_gemm  # Triton is optional
-
             n, k = self.weight.shape
-            if triton_skinny_gemm.kernel_wins(n, k, device):
+            if kernel_wins(n, k, device):
                 self.gemv_max_m = gemv_max_m()
         return impl
 
@@ -424,7 +423,7 @@ def warm_up_small_m_kernels(model: nn.Module) -> int:
         weight = module.weight
         if CustomOp.selected_impl(weight.device) != "cuda":
             continue
-        if not triton_skinny_gemm.kernel_wins(*weight.shape, weight.device):
+        if not kernel_wins(*weight.shape, weight.device):
             continue
         # A row-parallel layer adds its bias after the all-reduce, not in the kernel.
         bias = None if isinstance(module, RowParallelLinear) else module.bias

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from minivllm.model_executor.custom_op import fake_noop, register_op
-from minivllm.model_executor.layers.triton_skinny_gemm import pdl_enabled
+from minivllm.model_executor.layers.utils import pdl_enabled
 
 
 @triton.jit

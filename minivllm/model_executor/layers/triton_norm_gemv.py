@@ -17,11 +17,8 @@ from __future__ import annotations
 import torch
 
 from minivllm.model_executor.custom_op import fake_noop, register_op
-from minivllm.model_executor.layers.triton_skinny_gemm import (
-    GemvConfig,
-    NormPrologue,
-    launch_skinny_gemm,
-)
+from minivllm.model_executor.layers.triton_skinny_gemm import NormPrologue, launch_skinny_gemm
+from minivllm.model_executor.layers.utils import GemvConfig
 
 #: The most rows the fused kernel takes: its tile holds ``rows x K`` activations.
 MAX_ROWS = 2

@@ -47,12 +47,14 @@ CUDA graphs: the grid depends only on the shapes and the workspace is allocated 
 device, on the first (eager, warm-up) call; a call under capture that finds no workspace
 falls back to ``SPLIT_K = 1``. The workspace assumes one stream per device runs these
 kernels (two concurrent launches would share the counters).
+
+This file is the kernel and its launch. Which layers take it, with which tiles
+(``GemvConfig``, ``default_config``) and whether it launches early (``pdl_enabled``) are
+measured choices, decided in ``utils.py`` as upstream decides its skinny GEMMs.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -61,40 +63,8 @@ import triton.language as tl
 
 from minivllm.model_executor.custom_op import fake_noop, register_op
 from minivllm.model_executor.layers.triton_gemv_prologue import rms_norm_tile, silu_and_mul_tile
-
-# Triton reads TRITON_INTERPRET once, at import (tests/conftest.py sets it on the CPU).
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
-#: ``MINIVLLM_GEMV_PDL=1``: launch with programmatic dependent launch (read once).
-PDL_ENV = "MINIVLLM_GEMV_PDL"
-_PDL_ENV = os.environ.get(PDL_ENV, "0")
-_pdl_capable: dict[torch.device, bool] = {}
-
-
-@dataclass(frozen=True)
-class GemvConfig:
-    """One launch configuration of :func:`skinny_gemm_kernel`.
-
-    Attributes:
-        block_n: Output features (rows of ``W``) per program.
-        block_k: Input features loaded per loop step.
-        split_k: Programs sharing one output tile (``1``: no split).
-        num_warps: Warps per program.
-        num_stages: Loop steps whose loads are in flight at once (software pipelining).
-        use_dot: Multiply with ``tl.dot`` (tensor cores) rather than multiply-and-sum.
-        prefetch: Ask L2 for every line of the program's weights before the loop.
-        pdl: Programmatic dependent launch: start while the previous kernel finishes,
-            prefetch the weights, and wait for it only before reading ``x`` (needs
-            ``prefetch``; Hopper or newer).
-    """
-
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    use_dot: bool = True
-    prefetch: bool = False
-    pdl: bool = False
+from minivllm.model_executor.layers.utils import INTERPRETED as _INTERPRETED
+from minivllm.model_executor.layers.utils import GemvConfig, default_config, pdl_enabled
 
 
 @triton.jit
@@ -268,56 +238,6 @@ class NormPrologue:
     eps: float
     residual: torch.Tensor | None = None
     residual_out: torch.Tensor | None = None
-
-
-def default_config(m: int, n: int, k: int, pdl: bool = False) -> GemvConfig:
-    """The launch configuration for ``[m, k] x [n, k]^T``, from the H200 sweep of
-    ``minivllm/benchmarks/kernel_gemv.py`` on Qwen3-0.6B's layers (M = 1, 2, 4, 8).
-
-    * One or two rows of a narrow layer (``n <= 2048``: o_proj, down_proj): four output
-      features per program and all of ``K`` (up to 1024) in one step, on the CUDA cores.
-      256 programs each issue one 8 KB load and wait once, where cuBLAS took 2-3 times
-      longer (split-K plus a reduction kernel).
-    * Everything else: tensor-core tiles of 16 features x 128 inputs, two warps, four
-      stages in flight; narrow layers split ``K`` four ways so 64 output tiles still
-      make 256 programs.
-
-    Args:
-        m: Rows of ``x``. n: Output features. k: Input features.
-        pdl: Prefetch the weights and use programmatic dependent launch (see
-            :class:`GemvConfig`); the caller checks that the GPU supports it.
-    """
-    narrow = n <= 2048
-    if narrow and m <= 2:
-        config = GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=2, use_dot=False)
-    else:
-        config = GemvConfig(block_n=16, block_k=128, split_k=4 if narrow and k >= 1024 else 1,
-                            num_warps=2, num_stages=4)  # fmt: skip
-    return dataclasses.replace(config, prefetch=pdl, pdl=pdl)
-
-
-def kernel_wins(n: int, k: int, device: torch.device) -> bool:
-    """Whether a layer of ``n`` outputs and ``k`` inputs should use this kernel at small M.
-
-    The H200 sweep: on layers that reduce (``n <= k``: o_proj 2048 -> 1024, down_proj
-    3072 -> 1024) cuBLAS reads the weight at a third of the bandwidth or less, and the
-    kernel takes 1.2-3x less time; on layers that widen (qkv, gate/up) both sit within
-    a few percent of each other, so cuBLAS keeps them. With programmatic dependent launch
-    (opt-in) every layer uses it, since only this kernel can start its weight stream
-    before the previous kernel ends; measured end to end that was slower than the default
-    (``docs/benchmarks/perf2/latency_gemv.json``), hence off unless asked for.
-    """
-    return n <= k or pdl_enabled(device)
-
-
-def pdl_enabled(device: torch.device) -> bool:
-    """Whether the layers launch with programmatic dependent launch on ``device``:
-    ``MINIVLLM_GEMV_PDL=1`` and a Hopper or newer GPU."""
-    if _PDL_ENV != "1" or device.type != "cuda" or _INTERPRETED:
-        return False
-    if device not in _pdl_capable:
-        _pdl_capable[device] = torch.cuda.get_device_capability(device)[0] >= 9
-    return _pdl_capable[device]
 
 
 def launch_skinny_gemm(
