@@ -3,7 +3,9 @@
 Three measurements, each against the engine without speculation on the same requests:
 
 1. batch 1 on a workload that repeats itself (prompts that quote a passage twice and
-   ask for it again): time per output token with no speculation and with n-gram drafts
+   ask for it again), or with ``--prompt-file`` on held-out continuations (prompts cut
+   from the validation passages of a ``demo.train`` data file, see
+   ``heldout_prompts``): time per output token with no speculation and with n-gram drafts
    for each ``k`` of ``--ks``, the tokens a step emits, and the engine's own acceptance
    statistics (rate per draft position, mean acceptance length);
 2. the same with a draft model (``--draft-model PATH``), when this minivllm has that
@@ -42,7 +44,11 @@ from minivllm.benchmarks.common import (
     write_json,
 )
 from minivllm.benchmarks.throughput import add_engine_bench_args, build_llm, checkpoint_path
-from minivllm.benchmarks.workloads import repetitive_prompts, throughput_workload
+from minivllm.benchmarks.workloads import (
+    heldout_prompts,
+    repetitive_prompts,
+    throughput_workload,
+)
 
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +62,27 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
         help="num_speculative_tokens values to measure at batch 1",
     )
     parser.add_argument(
-        "--num-prompts", type=int, default=4, help="repetitive prompts, run one at a time (batch 1)"
+        "--num-prompts", type=int, default=4, help="batch-1 prompts, run one at a time"
+    )
+    parser.add_argument(
+        "--prompt-file",
+        default=None,
+        help="batch-1 prompts cut from the validation passages of this demo.train --data "
+        "file (text neither a target nor a draft trained on it saw) instead of the "
+        "repetitive prompts; the model continues them",
+    )
+    parser.add_argument(
+        "--prompt-val-every",
+        type=int,
+        default=None,
+        help="the --val-every the models were trained with (default: demo.train's, 50)",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="a --prompt-file prompt is the fewest consecutive passages that reach this "
+        "many tokens (default 100)",
     )
     parser.add_argument(
         "--output-len",
@@ -136,6 +162,7 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    _check_prompt_file_args(args)
     for name in ("ks", "draft_ks"):
         values = getattr(args, name)
         if values is not None and (not values or min(values) < 1):
@@ -157,6 +184,22 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("--throughput-k must be >= 1")
     if args.draft_model is not None and not (Path(args.draft_model) / "config.json").is_file():
         raise FileNotFoundError(f"--draft-model {args.draft_model}: no config.json there")
+
+
+def _check_prompt_file_args(args: argparse.Namespace) -> None:
+    """Check the held-out workload's options and fill in their defaults."""
+    if args.prompt_file is None:
+        for name in ("prompt_val_every", "prompt_tokens"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"--{name.replace('_', '-')} needs --prompt-file")
+        return
+    if not Path(args.prompt_file).is_file():
+        raise FileNotFoundError(f"--prompt-file {args.prompt_file!r} is not a file")
+    args.prompt_val_every = 50 if args.prompt_val_every is None else args.prompt_val_every
+    args.prompt_tokens = 100 if args.prompt_tokens is None else args.prompt_tokens
+    for name in ("prompt_val_every", "prompt_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
 
 
 def draft_model_unavailable() -> str | None:
@@ -270,6 +313,8 @@ class SpecBench:
         self.margin_reference: list = []
         self.throughput_reference: list[list[int]] = []
         self.draft_skipped = None if args.draft_model is None else draft_model_unavailable()
+        # Cut before any engine is built: a bad file or too few passages fails at once.
+        self.heldout = None if args.prompt_file is None else self._heldout_prompts()
         self.result: dict[str, Any] = {
             **environment(),
             "model": self.path,
@@ -335,14 +380,7 @@ class SpecBench:
         try:
             async_scheduling = llm.llm_engine.engine_core.engine_core.async_scheduling
             if method == "off":
-                tokenizer = llm.get_tokenizer()
-                self.prompts = repetitive_prompts(tokenizer, args.num_prompts, self.vocab_size)
-                self.result["workload"] = {
-                    "num_prompts": args.num_prompts,
-                    "text": tokenizer is not None,
-                    "prompt_tokens": [len(p) for p in self.prompts],
-                    "output_len": args.output_len,
-                }
+                self._batch1_workload(llm)
             if method in ("off", "draft_model") or (method == "ngram" and k in args.ks):
                 self._batch1(llm, method, k, async_scheduling)
             if large and self.batch_sizes:
@@ -351,6 +389,38 @@ class SpecBench:
                 self._throughput(llm, method, k, async_scheduling)
         finally:
             llm.shutdown()
+
+    def _heldout_prompts(self) -> dict[str, Any]:
+        """The held-out workload: prompts and the record of how they were cut."""
+        from minivllm.engine.llm_engine import load_tokenizer
+
+        tokenizer = load_tokenizer(self.path)
+        if tokenizer is None:
+            raise ValueError(f"--prompt-file needs a tokenizer in --model {self.path}")
+        return heldout_prompts(
+            tokenizer,
+            self.args.prompt_file,
+            self.args.num_prompts,
+            self.args.prompt_val_every,
+            self.args.prompt_tokens,
+        )
+
+    def _batch1_workload(self, llm) -> None:
+        """Set the batch-1 prompts and record which workload they are."""
+        args = self.args
+        if self.heldout is not None:
+            self.prompts = self.heldout.pop("prompts")
+            workload = {"kind": "heldout_continuation", "text": True, **self.heldout}
+        else:
+            tokenizer = llm.get_tokenizer()
+            self.prompts = repetitive_prompts(tokenizer, args.num_prompts, self.vocab_size)
+            workload = {"kind": "repetitive", "text": tokenizer is not None}
+        self.result["workload"] = {
+            **workload,
+            "num_prompts": args.num_prompts,
+            "prompt_tokens": [len(p) for p in self.prompts],
+            "output_len": args.output_len,
+        }
 
     def _batch1(self, llm, method: str, k: int, async_scheduling: bool) -> None:
         run = measure.measure_batch1(llm, self.prompts, self.args.output_len)

@@ -32,6 +32,8 @@ def plot_spec_results(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(2 if bottom else 1, 2, figsize=(12, 8.8 if bottom else 4.4))
     axes = axes.reshape(-1, 2)
     _plot_batch1(results["batch1"], *axes[0])
+    if (results.get("workload") or {}).get("kind") == "heldout_continuation":
+        axes[0][0].set_title("Time per output token (held-out continuations)")
     if bottom:
         _plot_sweep(results.get("sweep"), results.get("throughput"), axes[1][0])
         _plot_margins(results, axes[1][1])

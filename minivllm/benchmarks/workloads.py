@@ -7,8 +7,11 @@ The throughput workload is the one nano-vllm and others publish: 256 requests; w
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -111,3 +114,45 @@ def repetitive_prompts(tokenizer, num_prompts: int, vocab_size: int, seed: int =
             ids = [rng.randrange(low, high) for _ in range(passage_len)]
             prompts.append(ids + ids)
     return prompts
+
+
+def heldout_prompts(
+    tokenizer, path: str, num_prompts: int, val_every: int, min_tokens: int
+) -> dict[str, Any]:
+    """Held-out continuations (``bench spec --prompt-file``): prompts cut from the
+    validation passages of the ``demo.train`` data file ``path``, which a target and a
+    draft trained on that file with ``--val-every val_every`` never saw.
+
+    Each prompt is the fewest consecutive validation passages that reach ``min_tokens``
+    tokens, each passage's ids followed by eos as in training, so the model goes on with
+    the next passage (``minivllm.demo.passages.cut_prompts``: the first prompt of each
+    held-out block of 100 passages, then the second, ...). Returns the prompts
+    (``"prompts"``) with the record of how they were cut: the file's name, size and
+    sha256, ``val_every``, ``min_tokens`` and each prompt's passage indices.
+
+    Raises:
+        ValueError: The file has no text, or its validation passages give fewer than
+            ``num_prompts`` prompts (the message names ``--num-prompts``).
+    """
+    from minivllm.demo.passages import cut_prompts, split_runs
+    from minivllm.demo.train import read_passages
+
+    data = Path(path).read_bytes()
+    try:
+        passages = read_passages(path)
+    except ValueError as exc:  # its message names demo.train's --data
+        raise ValueError(f"--prompt-file {path!r} has no text") from exc
+    _, val_runs = split_runs(len(passages), val_every)
+    prompts = cut_prompts(tokenizer, passages, val_runs, num_prompts, min_tokens)
+    return {
+        "prompts": [p.token_ids for p in prompts],
+        "file": Path(path).name,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "val_every": val_every,
+        "min_tokens": min_tokens,
+        "validation_passages": sum(len(r) for r in val_runs),
+        "cut": "consecutive validation passages of one held-out block (demo.train's "
+        "split_passages), the fewest that reach min_tokens, each followed by eos",
+        "passages": [[p.first, p.count] for p in prompts],
+    }
