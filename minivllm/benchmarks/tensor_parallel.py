@@ -13,6 +13,10 @@ that rank 0's memory profile would count against its KV budget), then TP=1:
 3. the equivalence run: the workload's first ``--equiv-requests`` prompts, greedy, with
    the top-2 logprobs of every token.
 
+With ``--compare-all-reduce`` a second TP=N engine runs steps 1 and 2 with the
+symmetric-memory all-reduce off (``MINIVLLM_SYMM_MEM=0``: every all-reduce through NCCL),
+between the first TP=N engine and TP=1, so both all-reduces are timed in one run.
+
 In bf16 TP=1 and TP=N are not bit-identical: a row-parallel layer sums N partial
 products with an all-reduce instead of one GEMM's internal accumulation, so the rounding
 differs. Greedy decoding amplifies that only where the top two logits are nearly tied;
@@ -49,6 +53,7 @@ from minivllm.benchmarks.throughput import (
     engine_figures,
 )
 from minivllm.benchmarks.workloads import Workload, throughput_workload
+from minivllm.distributed.symm_mem import SYMM_MEM_ENV
 
 # Qwen3-8B's shape (its config.json), random weights: the 0.6B shape of the other
 # benchmarks, wider and deeper, with an untied LM head.
@@ -97,6 +102,11 @@ def add_tp_args(parser: argparse.ArgumentParser) -> None:
         help="time TP=N once more with async scheduling off (same engine)",
     )
     parser.add_argument(
+        "--compare-all-reduce",
+        action="store_true",
+        help=f"time TP=N once more with {SYMM_MEM_ENV}=0 (NCCL all-reduce; a second engine)",
+    )
+    parser.add_argument(
         "--plot", default=None, help="PNG of the results (default: the JSON's path with .png)"
     )
 
@@ -136,11 +146,12 @@ def _greedy_run(llm, workload: Workload, logprobs: int | None = None) -> tuple[l
 
 
 def run_engine(
-    args: argparse.Namespace, path: str, tp: int, workload: Workload, equiv: Workload
+    args: argparse.Namespace, path: str, tp: int, workload: Workload, equiv: Workload | None
 ) -> tuple[dict[str, Any], list, list]:
     """One engine at ``tp`` ranks: its figures, the timed run's completions and the
-    equivalence run's (which carry logprobs)."""
+    equivalence run's (which carry logprobs; empty when ``equiv`` is None)."""
     llm, startup = timed(build_llm, args, path, tensor_parallel_size=tp)
+    equiv_out: list = []
     try:
         warm = workload.head(args.warmup_requests)
         _greedy_run(llm, Workload(warm.prompts, [16] * len(warm.prompts)))
@@ -161,9 +172,11 @@ def run_engine(
             f"(start-up {startup:.1f} s)",
             flush=True,
         )
-        if args.compare_sync and tp > 1 and core.async_scheduling:
+        # The extra runs belong to the main engines only (not --compare-all-reduce's).
+        if args.compare_sync and tp > 1 and core.async_scheduling and equiv is not None:
             figures["sync"] = compare_sync(llm, workload, seconds)
-        equiv_out, _ = _greedy_run(llm, equiv, logprobs=2)
+        if equiv is not None:
+            equiv_out, _ = _greedy_run(llm, equiv, logprobs=2)
     finally:
         llm.shutdown()
         del llm
@@ -171,6 +184,24 @@ def run_engine(
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return figures, completions, equiv_out
+
+
+def run_nccl_engine(
+    args: argparse.Namespace, path: str, tp: int, workload: Workload
+) -> tuple[dict[str, Any], list]:
+    """TP=``tp`` with every all-reduce through NCCL: the workers read
+    ``MINIVLLM_SYMM_MEM`` when they start, so it is set for this engine's lifetime."""
+    before = os.environ.get(SYMM_MEM_ENV)
+    os.environ[SYMM_MEM_ENV] = "0"
+    try:
+        figures, completions, _ = run_engine(args, path, tp, workload, None)
+    finally:
+        if before is None:
+            del os.environ[SYMM_MEM_ENV]
+        else:
+            os.environ[SYMM_MEM_ENV] = before
+    figures["symm_mem_allowed"] = False
+    return figures, completions
 
 
 def compare(ref: list, other: list) -> dict[str, Any]:
@@ -191,7 +222,10 @@ def compare_tokens(ref: list, other: list) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, Any]:
-    info: dict[str, Any] = {"nccl_env": {k: os.environ.get(k) for k in _NCCL_ENV}}
+    info: dict[str, Any] = {
+        "nccl_env": {k: os.environ.get(k) for k in _NCCL_ENV},
+        SYMM_MEM_ENV: os.environ.get(SYMM_MEM_ENV),
+    }
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         version = torch.cuda.nccl.version()  # a tuple in recent torch, an int before
@@ -234,8 +268,18 @@ def run_tp_bench(args: argparse.Namespace) -> dict[str, Any]:
     }
     out = Path(args.output)
     tpn, tpn_out, tpn_equiv = run_engine(args, path, tp, workload, equiv)
+    tpn["symm_mem_allowed"] = os.environ.get(SYMM_MEM_ENV) != "0"
     # Written now too, so a run stopped during TP=1 still leaves TP=N's figures.
     write_json(out, {**result, "incomplete": "TP=1 did not finish", "tpn": tpn})
+    if args.compare_all_reduce:
+        nccl, nccl_out = run_nccl_engine(args, path, tp, workload)
+        result.update(
+            tpn_nccl=nccl,
+            symm_mem_over_nccl=tpn["output_tokens_per_s"] / nccl["output_tokens_per_s"],
+            nccl_vs_symm_mem_greedy=compare_tokens(nccl_out, tpn_out),
+        )
+        print(f"TP={tp} symmetric memory / NCCL: {result['symm_mem_over_nccl']:.3f}x", flush=True)
+        write_json(out, {**result, "incomplete": "TP=1 did not finish", "tpn": tpn})
     tp1, tp1_out, tp1_equiv = run_engine(args, path, 1, workload, equiv)
     result.update(
         tp1=tp1,

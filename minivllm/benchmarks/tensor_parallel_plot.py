@@ -27,10 +27,17 @@ def plot_tp_results(result: dict[str, Any], out: Path) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.4), width_ratios=[1, 1.3])
     names = ["TP=1", f"TP={n}"]
     values = [tp1["output_tokens_per_s"], tpn["output_tokens_per_s"]]
+    colors = ["#888888", "#1f77b4"]
+    if "tpn_nccl" in result:
+        names[1] = f"TP={n}\nsymm. memory"
+        names.append(f"TP={n}\nNCCL all-reduce")
+        values.append(result["tpn_nccl"]["output_tokens_per_s"])
+        colors.append("#ff7f0e")
     if "sync" in tpn:
         names.append(f"TP={n}\nsync steps")
         values.append(tpn["sync"]["output_tokens_per_s"])
-    bars = ax.bar(names, values, color=["#888888", "#1f77b4", "#aec7e8"][: len(values)])
+        colors.append("#aec7e8")
+    bars = ax.bar(names, values, color=colors)
     for bar, value in zip(bars, values):
         ax.annotate(
             f"{value:,.0f}\n({value / values[0]:.2f}x)",

@@ -2,7 +2,9 @@
 
 Upstream counterpart: ``vllm/distributed/communication_op.py``
 (``tensor_model_parallel_all_reduce``, ``tensor_model_parallel_all_gather``).
-Each is the identity in a group of one, so single-process code pays nothing.
+Each is the identity in a group of one, so single-process code pays nothing. An
+all-reduce small enough for the symmetric-memory buffer (``symm_mem.py``) is one
+NVLink kernel; anything else goes through ``torch.distributed`` (NCCL or gloo).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from minivllm.distributed.parallel_state import (
+    get_symm_mem_communicator,
     get_tensor_model_parallel_world_size,
     get_tp_group,
 )
@@ -20,6 +23,9 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum ``x`` over the tensor-parallel ranks (in place; returns ``x``)."""
     if get_tensor_model_parallel_world_size() == 1:
         return x
+    comm = get_symm_mem_communicator()
+    if comm is not None and comm.should_use_symm_mem(x):
+        return comm.all_reduce(x)
     dist.all_reduce(x, group=get_tp_group())
     return x
 

@@ -8,9 +8,15 @@ layer can be written once, tensor-parallel aware, and still run in a single proc
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
+from minivllm.distributed.symm_mem import MAX_SIZE, SymmMemCommunicator
+
 _TP_GROUP: dist.ProcessGroup | None = None
+# The tensor-parallel group's symmetric-memory all-reduce (upstream keeps it on the
+# GroupCoordinator's device communicator); None until a worker creates it.
+_SYMM_MEM_COMM: SymmMemCommunicator | None = None
 
 
 def init_tensor_parallel_group(group: dist.ProcessGroup | None) -> None:
@@ -43,6 +49,26 @@ def get_tp_group() -> dist.ProcessGroup | None:
     return _TP_GROUP
 
 
+def init_symm_mem_communicator(
+    device: torch.device, max_size: int = MAX_SIZE
+) -> SymmMemCommunicator:
+    """Create the tensor-parallel group's symmetric-memory all-reduce (a collective: every
+    rank calls it, after ``init_distributed_environment`` and before capturing graphs).
+
+    The communicator may come back disabled (one rank, CPU/gloo, ``MINIVLLM_SYMM_MEM=0``,
+    no driver support); ``tensor_model_parallel_all_reduce`` then uses NCCL/gloo alone.
+    """
+    global _SYMM_MEM_COMM
+    _SYMM_MEM_COMM = SymmMemCommunicator(_TP_GROUP, device, max_size)
+    return _SYMM_MEM_COMM
+
+
+def get_symm_mem_communicator() -> SymmMemCommunicator | None:
+    """The communicator ``init_symm_mem_communicator`` made (None before, or after
+    ``destroy_distributed_environment``)."""
+    return _SYMM_MEM_COMM
+
+
 def init_distributed_environment(
     world_size: int, rank: int, distributed_init_method: str, backend: str
 ) -> None:
@@ -69,6 +95,8 @@ def init_distributed_environment(
 
 def destroy_distributed_environment() -> None:
     """Leave the process group (a no-op when none was joined)."""
+    global _SYMM_MEM_COMM
+    _SYMM_MEM_COMM = None
     init_tensor_parallel_group(None)
     if model_parallel_is_initialized():
         dist.destroy_process_group()

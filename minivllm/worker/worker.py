@@ -22,7 +22,9 @@ from minivllm.core.step_message import RequestMirror, StepMessage
 from minivllm.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
+    init_symm_mem_communicator,
 )
+from minivllm.distributed.symm_mem import MAX_SIZE
 from minivllm.runner_outputs import AsyncModelRunnerOutput
 from minivllm.worker.kv_cache import KVCacheSpec
 from minivllm.worker.model_runner import ModelRunner
@@ -47,7 +49,8 @@ class Worker:
         self._last_step_failed = False
 
     def init_device(self) -> None:
-        """Pick this rank's device and join the process group (NCCL on CUDA, gloo on CPU).
+        """Pick this rank's device and join the process group (NCCL on CUDA, gloo on CPU),
+        then set up the symmetric-memory all-reduce (off on the CPU).
 
         Returns once every rank has joined: ``init_process_group`` is a rendezvous.
         """
@@ -66,6 +69,16 @@ class Worker:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         self.vllm_config = dataclasses.replace(self.vllm_config, device=device)
         init_distributed_environment(world, self.rank, self.distributed_init_method, backend)
+        if world > 1:
+            init_symm_mem_communicator(device, self._all_reduce_max_size())
+
+    def _all_reduce_max_size(self) -> int:
+        """Bytes of the symmetric all-reduce buffer: the largest activation a step can
+        reduce (its token budget x hidden size), capped at ``MAX_SIZE``."""
+        model = self.vllm_config.model_config
+        tokens = self.vllm_config.scheduler_config.max_num_batched_tokens
+        nbytes = tokens * model.hf_config.hidden_size * model.dtype.itemsize
+        return min(MAX_SIZE, nbytes)
 
     def load_model(self) -> None:
         """Build the model runner: the model, with only this rank's weight shards."""

@@ -29,7 +29,8 @@ def test_bench_tp_runs_both_sizes_side_by_side(tmp_path) -> None:
             "64", "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--num-requests",
             "4", "--input-len-range", "4", "24", "--output-len-range", "2", "8",
             "--warmup-requests", "1", "--equiv-requests", "2", "--equiv-max-tokens", "4",
-            "--compare-sync", "--allow-cpu", "--output", str(out)]  # fmt: skip
+            "--compare-sync", "--compare-all-reduce", "--allow-cpu",
+            "--output", str(out)]  # fmt: skip
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["command"].startswith("minivllm bench tp")
@@ -40,6 +41,15 @@ def test_bench_tp_runs_both_sizes_side_by_side(tmp_path) -> None:
     assert tp1["async_scheduling"] and tpn["async_scheduling"]
     assert result["tpn_over_tp1"] == tpn["output_tokens_per_s"] / tp1["output_tokens_per_s"]
     assert tpn["sync"]["output_tokens_per_s"] > 0
+    # --compare-all-reduce: a second TP=2 engine with MINIVLLM_SYMM_MEM=0 (on the CPU
+    # both reduce through gloo, so their greedy tokens agree exactly).
+    nccl = result["tpn_nccl"]
+    assert tpn["symm_mem_allowed"] and not nccl["symm_mem_allowed"]
+    assert nccl["tensor_parallel_size"] == 2 and "sync" not in nccl
+    assert result["symm_mem_over_nccl"] == (
+        tpn["output_tokens_per_s"] / nccl["output_tokens_per_s"]
+    )
+    assert result["nccl_vs_symm_mem_greedy"]["num_identical"] == 4
     assert result["workload"]["num_requests"] == 4
     assert result["workload_greedy"] == {
         "num_sequences": 4,
