@@ -131,8 +131,8 @@ def instrument(llm: Any) -> tuple[dict[str, float], list[str]]:
     _wrap(runner.model, "compute_logits", totals, "forward", stack)
     _wrap(runner, "sampler", totals, "sample", stack)
     _wrap(runner, "_verify_drafts", totals, "verify", stack)
-    if core.drafter is not None:
-        _wrap(core.drafter, "propose_one", totals, "ngram", stack)
+    if core.spec_decode is not None and core.spec_decode.ngram is not None:
+        _wrap(core.spec_decode.ngram, "propose_one", totals, "ngram", stack)
     drafter = runner.drafter
     if drafter is not None:
         _wrap(runner, "_propose_draft_tokens", totals, "draft_other", stack)

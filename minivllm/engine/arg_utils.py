@@ -285,7 +285,7 @@ class EngineArgs:
         if spec.get("method", "ngram") == "ngram" and spec.get("disable_by_batch_size") is not None:
             # Steps above the threshold propose nothing, so the core can run them ahead
             # as without speculation; steps that verify or propose drafts it waits for
-            # (EngineCore._needs_settling).
+            # (EngineDrafter.needs_settling).
             return None
         if spec.get("method", "ngram") != "draft_model":
             return (

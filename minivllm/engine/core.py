@@ -8,7 +8,8 @@ scheduler and the executor. It takes ``EngineCoreRequest``s and returns, each st
 ``EngineCoreOutputs`` holding only what changed. It never sees text: the tokenizer,
 detokenization, stop strings and ``RequestOutput``s belong to the front end. Offline it
 runs in the caller's thread; for serving, ``EngineCoreProc`` (``core_proc.py``) runs it
-in a process of its own.
+in a process of its own. With speculative decoding, an ``EngineDrafter``
+(``core_spec_decode.py``) proposes the next step's drafts once a step's tokens are in.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 from minivllm.config import VllmConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_cache_utils import get_request_block_hasher
-from minivllm.core.sched_async_spec import DRAFT_PLACEHOLDER
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.step_record import StepRecord, StepRecorder
@@ -31,11 +31,11 @@ from minivllm.engine import (
     EngineCoreRequest,
     FinishReason,
 )
+from minivllm.engine.core_spec_decode import EngineDrafter
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.executor.abstract import Executor
 from minivllm.request import Request, RequestStatus
 from minivllm.runner_outputs import AsyncModelRunnerOutput, ModelRunnerOutput
-from minivllm.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger(__name__)
 
@@ -80,27 +80,12 @@ class EngineCore:
             num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
             speculates_at=None if spec is None else spec.speculates_at,
         )
-        # Speculative decoding's proposer. Upstream's runs in the worker, after sampling:
-        # so does a draft model (it needs the device; its drafts come back with the
-        # step's output), but an n-gram proposer needs only the tokens, which are here.
-        self.speculating = spec is not None
+        # Speculative decoding: who proposes drafts between steps (core_spec_decode.py).
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
-        self.drafter: NgramProposer | None = None
+        self.spec_decode: EngineDrafter | None = None
         if spec is not None:
-            if spec.method == "ngram":
-                self.drafter = NgramProposer(
-                    spec.num_speculative_tokens,
-                    spec.prompt_lookup_min,
-                    spec.prompt_lookup_max,
-                    model_config.max_model_len,
-                )
-            logger.info(
-                "speculative decoding: %s, up to %d draft tokens per request and step "
-                "(verification steps replay CUDA graphs; requests with logprobs get one "
-                "row per kept token; %s)",
-                spec.method,
-                spec.num_speculative_tokens,
-                _async_note(spec, self.async_scheduling),
+            self.spec_decode = EngineDrafter(
+                spec, self.scheduler, model_config.max_model_len, self.async_scheduling
             )
         self._block_hasher = (
             get_request_block_hasher(cache_config.block_size)
@@ -227,7 +212,8 @@ class EngineCore:
                     previous, self._in_flight = self._in_flight, (scheduler_output, handle)
                     if previous is not None:
                         self._process_step(*previous, outputs)
-                    if self._needs_settling(scheduler_output):
+                    drafter = self.spec_decode
+                    if drafter is not None and drafter.needs_settling(scheduler_output):
                         self._drain(outputs)
                 else:
                     self._process_step(scheduler_output, handle, outputs)
@@ -304,50 +290,9 @@ class EngineCore:
             request = self.scheduler.requests.get(rid)
             if rid not in sampled and request is not None:  # a prefill chunk, no token yet
                 outputs.append(self._make_output(request, None, runner_output))
-        # Drafts only after a step small enough to speculate
-        # (SpeculativeConfig.disable_by_batch_size). The n-gram proposer needs every
-        # token known (nothing in flight); a draft model's drafts for the requests of
-        # the step in flight are already on the device, and the values are written into
-        # that step here.
-        spec = self.vllm_config.speculative_config
-        if spec is not None and spec.speculates_at(len(scheduler_output.scheduled)):
-            if self._in_flight is None or self.drafter is None:
-                self._propose_drafts(runner_output)
-            if self._in_flight is not None:
-                _fill_drafts_in_flight(self._in_flight[0], runner_output)
-
-    def _needs_settling(self, scheduler_output: SchedulerOutput) -> bool:
-        """Whether a step queued ahead must be processed before the next is scheduled.
-
-        Speculation with ``disable_by_batch_size`` runs ahead (async scheduling) only
-        steps that neither verify drafts (their count of new tokens is known only from
-        the rejection sampler) nor are followed by proposals (the n-gram proposer reads
-        every token); the others are waited for, as without async scheduling.
-        """
-        spec = self.vllm_config.speculative_config
-        if spec is None or self.drafter is None:
-            return False  # a draft model's drafts stay on the device (sched_async_spec)
-        scheduled = scheduler_output.scheduled
-        return spec.speculates_at(len(scheduled)) or any(s.spec_token_ids for s in scheduled)
-
-    def _propose_drafts(self, runner_output: ModelRunnerOutput) -> None:
-        """Drafts for the next step of every request about to decode: the n-gram
-        proposer's, or those the draft model proposed in this step
-        (``runner_output.draft_token_ids``).
-
-        Such a request has all its tokens computed but the one it just gained (a request
-        that wants logprobs too: a step returns a row for every token it keeps).
-        """
-        proposed = runner_output.draft_token_ids
-        by_id = {} if proposed is None else dict(zip(runner_output.req_ids, proposed))
-        drafts = {}
-        for request in self.scheduler.running:
-            if request.num_computed_tokens == request.num_tokens - 1:
-                if self.drafter is not None:
-                    drafts[request.request_id] = self.drafter.propose_one(request.all_token_ids)
-                elif request.request_id in by_id:
-                    drafts[request.request_id] = by_id[request.request_id]
-        self.scheduler.update_draft_token_ids(drafts)
+        if self.spec_decode is not None:
+            in_flight = None if self._in_flight is None else self._in_flight[0]
+            self.spec_decode.after_step(scheduler_output, runner_output, in_flight)
 
     def _fail_step(
         self,
@@ -405,34 +350,6 @@ class EngineCore:
             out.finish_reason = _FINISH_REASONS[request.status]
             out.stop_reason = request.stop_reason
         return out
-
-
-def _async_note(spec, async_scheduling: bool) -> str:
-    """How speculation and async scheduling combine, for the start-up log line."""
-    if spec.disable_by_batch_size is None:
-        return f"async scheduling is {'on' if async_scheduling else 'off'}"
-    note = f"steps of more than {spec.disable_by_batch_size} requests propose none"
-    if spec.method == "ngram":
-        return note + (", and only they run ahead" if async_scheduling else "")
-    return note + f"; async scheduling is {'on' if async_scheduling else 'off'}"
-
-
-def _fill_drafts_in_flight(in_flight: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
-    """Write the drafts a step proposed into the step in flight that verifies them.
-
-    With async scheduling and a draft model, the step in flight was scheduled before
-    these drafts reached the host: its requests carry ``DRAFT_PLACEHOLDER``s there (the
-    runner took the values from the device). The scheduler needs the values when it
-    applies that step's result (the accepted drafts become output tokens).
-    """
-    proposed = runner_output.draft_token_ids
-    if proposed is None:
-        return
-    by_id = dict(zip(runner_output.req_ids, proposed))
-    for s in in_flight.scheduled:
-        drafts = by_id.get(s.request_id)
-        if drafts is not None and s.spec_token_ids and s.spec_token_ids[0] == DRAFT_PLACEHOLDER:
-            s.spec_token_ids = list(drafts[: len(s.spec_token_ids)])
 
 
 def _check_pool_fits_one_request(num_blocks: int, block_size: int, max_model_len: int) -> None:

@@ -165,7 +165,7 @@ def test_every_proposal_is_the_drafts_own_greedy_continuation(case, async_schedu
     core = llm.llm_engine.engine_core.engine_core
     scheduler = core.scheduler
     proposals: list[tuple[list[int], list[int]]] = []
-    propose = core._propose_drafts
+    propose = core.spec_decode.propose_drafts
 
     def record(runner_output) -> None:
         # Every request that sampled and still runs, with the tokens it has after
@@ -177,7 +177,7 @@ def test_every_proposal_is_the_drafts_own_greedy_continuation(case, async_schedu
                 proposals.append((list(request.all_token_ids), list(tokens)))
         propose(runner_output)
 
-    core._propose_drafts = record
+    core.spec_decode.propose_drafts = record
     llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert llm.llm_engine.stats.num_preemptions > 0
     assert len(proposals) > 50
