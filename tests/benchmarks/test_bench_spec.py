@@ -40,6 +40,7 @@ def test_records_command_and_environment(result) -> None:
     assert "bench spec" in result["command"] and "--ks 2" in result["command"]
     assert {"torch", "triton", "gpu", "transformers"} <= set(result)
     assert result["workload"]["text"] and result["workload"]["num_prompts"] == 2
+    assert result["workload"]["kind"] == "repetitive"  # no --prompt-file: the default
 
 
 def test_batch1_comparisons_come_from_the_runs(result) -> None:
