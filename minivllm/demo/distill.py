@@ -201,6 +201,7 @@ def write_passages(path: Path, continuations: list[list[int]], tokenizer: Any) -
     same = sum(a == b for a, b in zip(encoded, pieces_ids, strict=True))
     return {
         "lines": len(lines),
+        "distinct_lines": len(set(lines)),  # greedy text repeats itself; this says how much
         "tokens": sum(map(len, encoded)) + len(lines),  # with one eos per line
         "passages_retokenized_identical": same,
         "reads_back_identical": read_passages(str(path)) == lines,

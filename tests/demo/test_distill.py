@@ -87,6 +87,8 @@ def test_log_records_the_target_and_the_command(run) -> None:
     assert log["generation"]["generated_tokens"] == 4 * 48
     out = log["output"]
     assert out["reads_back_identical"] and out["passages_retokenized_identical"] <= out["lines"]
+    lines = run["out"].read_text(encoding="utf-8").splitlines()
+    assert out["distinct_lines"] == len(set(lines)) <= out["lines"]
     assert {"torch", "transformers", "device"} <= set(log["versions"])
 
 
