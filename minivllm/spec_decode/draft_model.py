@@ -147,6 +147,9 @@ class DraftModelProposer:
         self.num_blocks: int | None = None
         # The runner's CUDAGraphRunner for the draft (graph_key / run), or None: eager.
         self.graphs: Any = None
+        # The whole proposal of a uniform verification step as one graph
+        # (spec_decode/draft_graph.py), or None.
+        self.proposal_graphs: Any = None
 
     def set_num_blocks(self, num_blocks: int) -> None:
         """The pool's size: the draft's cache holds these blocks, then the scratch."""
@@ -186,6 +189,11 @@ class DraftModelProposer:
                 so speculation can resume later and prefix hits find the draft's K/V
                 too; returns ``[num_sampling, 0]``.
         """
+        graphs = self.proposal_graphs
+        if graphs is not None and num_accepted is not None and not catch_up_only:
+            size = graphs.padded_size(batch, input_ids.shape[0])
+            if size is not None:
+                return graphs.run(size, batch, input_ids, next_token_ids, num_accepted)
         passes = self._layout(batch, input_ids, next_token_ids, num_accepted)
         num_seqs = len(passes.sample_idx)
         if catch_up_only:
