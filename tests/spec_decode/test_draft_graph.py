@@ -51,30 +51,12 @@ class _EmulatedProposal:
 
 
 def _install_checked_proposal_graphs(runner) -> None:
-    """What ``initialize_kv_cache`` does on a GPU, emulated; each replay's drafts are
-    compared with the eager path's on the same step (counted, since an assertion inside
-    the engine would only fail the request)."""
-    drafter = runner.drafter
-    graphs = DraftProposalGraphs(
-        drafter, default_capture_sizes(runner.scheduler_config.max_num_seqs)
-    )
+    """What ``initialize_kv_cache`` does on a GPU, emulated, with every replay checked."""
+    sizes = default_capture_sizes(runner.scheduler_config.max_num_seqs)
+    graphs = DraftProposalGraphs(runner.drafter, sizes)
     graphs.graphs = {size: _EmulatedProposal(graphs, size) for size in graphs.capture_sizes}
-    drafter.proposal_graphs = graphs
-    run, counts = graphs.run, runner.__dict__.setdefault("_proposal_checks", [0, 0, set()])
-
-    def checked(size, batch, input_ids, next_token_ids, num_accepted):
-        drafts = run(size, batch, input_ids, next_token_ids, num_accepted)
-        drafter.proposal_graphs = None  # the eager path, on the same step
-        try:
-            eager = drafter.propose(batch, input_ids, next_token_ids, num_accepted)
-        finally:
-            drafter.proposal_graphs = graphs
-        counts[0] += 1
-        counts[1] += not torch.equal(drafts, eager)
-        counts[2].add((size, len(batch.needs_sample)))
-        return drafts
-
-    graphs.run = checked
+    runner.drafter.proposal_graphs = graphs
+    _check_captured_proposals(runner)
 
 
 def _checks(runner):
@@ -120,3 +102,54 @@ def test_proposal_graphs_equal_the_eager_path(pair, k: int, async_scheduling: bo
     assert tokens == reference
     assert replays > 10 and mismatches == 0, (replays, mismatches)
     assert any(size > num_reqs for size, num_reqs in sizes), sizes  # padded rows ran
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_captured_proposal_equals_the_eager_path() -> None:
+    """On a GPU with CUDA graphs (float32): the demo model with its shipped draft replays
+    captured proposals, each equal to the eager path's on the same step, and the greedy
+    tokens equal speculation off."""
+    from minivllm.demo import demo_draft_path, demo_model_path
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prompts = ["In the beginning", "And God said", "The LORD is my shepherd"]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    args = dict(device="cuda", dtype="float32", max_model_len=256, num_kv_blocks=256)
+    args.update(max_num_seqs=4, enforce_eager=False)
+    runs = []
+    for spec in (None, draft_model(demo_draft_path(), 3)):
+        llm = LLM(str(demo_model_path()), speculative_config=spec, **args)
+        if spec is not None:
+            # Graphs captured by the engine; wrap their run with the eager comparison.
+            llm.collective_rpc(_check_captured_proposals)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs.append([o.outputs[0].token_ids for o in outs])
+        if spec is not None:
+            replays, mismatches, _ = llm.collective_rpc(_checks)[0]
+            assert replays > 20 and mismatches == 0, (replays, mismatches)
+        del llm
+    assert runs[1] == runs[0]
+
+
+def _check_captured_proposals(runner) -> None:
+    """Compare each replay's drafts with the eager path's on the same step (counted,
+    since an assertion inside the engine would only fail the request)."""
+    drafter = runner.drafter
+    graphs = drafter.proposal_graphs
+    assert graphs is not None and graphs.graphs, "no proposal graphs were captured"
+    run, counts = graphs.run, runner.__dict__.setdefault("_proposal_checks", [0, 0, set()])
+
+    def checked(size, batch, input_ids, next_token_ids, num_accepted):
+        drafts = run(size, batch, input_ids, next_token_ids, num_accepted)
+        drafter.proposal_graphs = None
+        try:
+            eager = drafter.propose(batch, input_ids, next_token_ids, num_accepted)
+        finally:
+            drafter.proposal_graphs = graphs
+        counts[0] += 1
+        counts[1] += not torch.equal(drafts, eager)
+        counts[2].add((size, len(batch.needs_sample)))
+        return drafts
+
+    graphs.run = checked
