@@ -10,6 +10,9 @@ its one new token, and both share the same batch. Running requests are served fi
 ones are admitted while budget, sequence slots and KV blocks last. When the KV pool runs
 dry, the most recently admitted request is preempted: its blocks are freed and it will
 recompute from scratch later.
+
+What the engine core may call, and what each call promises, is ``SchedulerInterface``
+(``sched_interface.py``); this file is how ``Scheduler`` keeps those promises.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from minivllm.config import SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.core.request_checks import check_new_request, num_blocks_needed
+from minivllm.core.request_checks import check_new_request
 from minivllm.core.sched_async_spec import DRAFT_PLACEHOLDER, num_drafts_in_flight
+from minivllm.core.sched_interface import SchedulerInterface
 from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput, SchedulerStats
 from minivllm.core.sched_spec_decode import (
     check_num_accepted,
@@ -37,7 +41,7 @@ from minivllm.request import Request, RequestStatus
 from minivllm.spec_decode.metrics import SpecDecodingStats
 
 
-class Scheduler:
+class Scheduler(SchedulerInterface):
     """Decides, step by step, how many tokens of which requests the model runs.
 
     Args:
@@ -100,13 +104,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
     def add_request(self, request: Request) -> None:
-        """Validate a new request and queue it behind the others (FCFS).
-
-        Raises:
-            ValueError: The id is already in use; the prompt leaves no room for one
-                generated token within ``max_model_len``; or the request, even alone,
-                could not finish in the KV pool (see ``num_blocks_needed``).
-        """
+        """Check the id, then the lengths against the pool (``check_new_request``), and
+        queue the request behind the others (FCFS)."""
         rid = request.request_id
         if rid in self.requests:
             raise ValueError(f"request {rid}: the request id is already in use")
@@ -122,15 +121,6 @@ class Scheduler:
         self.waiting.append(request)
         self.requests[rid] = request
         self.num_prompt_tokens += request.num_prompt_tokens
-
-    def num_blocks_needed(self, request: Request) -> int:
-        """Blocks the request holds at its longest (see ``num_blocks_needed``)."""
-        return num_blocks_needed(
-            request.num_prompt_tokens,
-            request.max_tokens,
-            self.max_model_len,
-            self.kv_cache_manager.block_size,
-        )
 
     # ------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutput:
@@ -292,28 +282,10 @@ class Scheduler:
         errors: Mapping[str, str] | None = None,
         num_accepted_tokens: Sequence[int] | None = None,
     ) -> list[Request]:
-        """Append the sampled tokens, apply the stop rules and free finished requests.
-
-        Args:
-            scheduler_output: The output of the step that just ran.
-            sampled_token_ids: One token per request that was due to sample: a mapping
-                request id -> token, or a list aligned with
-                ``scheduler_output.sampling_requests()``. Partial prefills get nothing.
-            errors: Request id -> why the runner could not sample for it (its logits
-                were not finite). Such a request gets no token: it finishes with
-                ``FINISHED_ERROR`` and the message as its ``stop_reason``.
-            num_accepted_tokens: With speculative decoding, how many of each request's
-                drafts the rejection sampler accepted (aligned like a list of
-                ``sampled_token_ids``); the request gains those drafts, then its sampled
-                token. Required when a request was scheduled with drafts.
-
-        Returns:
-            The requests that finished in this step (errors included), in batch order.
-
-        Raises:
-            ValueError: The tokens do not match the requests that were due to sample
-                (checked before anything is changed).
-        """
+        """Check the tokens (and accepted counts) against the requests due to sample,
+        then per request: drop its placeholders, and append its verified tokens one at a
+        time through the stop rules (``append_and_check_stop``), or finish it with its
+        error. See ``SchedulerInterface.update_from_output`` for the arguments."""
         due = scheduler_output.sampling_requests()
         tokens = tokens_in_batch_order(due, sampled_token_ids)
         accepted = check_num_accepted(due, num_accepted_tokens)
@@ -342,32 +314,17 @@ class Scheduler:
         return finished
 
     def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
-        """Give running requests their drafts for the next step (upstream's name).
-
-        Drafts of requests that are no longer running are dropped; the others keep what
-        ``drafts_to_keep`` allows.
-        """
+        """Running requests keep what ``drafts_to_keep`` allows (upstream's name)."""
         for rid, drafts in draft_token_ids.items():
             request = self.requests.get(rid)
             if request is not None and request.status == RequestStatus.RUNNING:
                 k = self.num_speculative_tokens
                 request.spec_token_ids = drafts_to_keep(request, drafts, k)
 
-    def keeps_token(self, request: Request) -> bool:
-        """Whether a token the model sampled for ``request`` is appended to it.
-
-        Not when the request finished while the step ran (aborted, or, with async
-        scheduling, stopped in the step before): that token is past its end.
-        """
-        return not request.is_finished() and self.requests.get(request.request_id) is request
-
     def finish_requests(
         self, request_ids: str | Iterable[str], status: RequestStatus
     ) -> list[Request]:
-        """Finish requests from outside (e.g. aborts), wherever they are queued.
-
-        Unknown or already-finished ids are ignored. Returns the requests finished here.
-        """
+        """Take each request out of its queue, set ``status`` and free it."""
         if not RequestStatus.is_finished(status):
             raise ValueError(f"status must be a finished status, got {status.name}")
         if isinstance(request_ids, str):
@@ -389,17 +346,8 @@ class Scheduler:
     def fail_step(
         self, scheduler_output: SchedulerOutput, message: str, resend_finished: bool
     ) -> list[Request]:
-        """Finish with ``FINISHED_ERROR`` every request a failed step scheduled.
-
-        Running the step raised, so none of its results can be trusted: each request
-        it scheduled (if still unfinished and still the same object: ids may be reused)
-        gets ``message`` as its ``stop_reason`` and loses its blocks; other requests run
-        on. The runner and the TP workers' mirrors drop the failed requests' state when
-        the next step names them in ``finished_req_ids``, as for any finished request.
-        ``resend_finished``: the runner may not have read this step's
-        ``finished_req_ids``; name them again next step (dropping state is idempotent).
-        Returns the requests failed here, in batch order.
-        """
+        """Finish the step's still-live requests with ``message`` (their blocks leave
+        the prefix cache, ``_free_request``)."""
         if resend_finished:
             self.finished_req_ids |= scheduler_output.finished_req_ids
         failed = [
@@ -423,16 +371,13 @@ class Scheduler:
         del self.requests[request.request_id]
 
     # ------------------------------------------------------------------ queries
-    def has_unfinished_requests(self) -> bool:
-        """True while any request is waiting or running."""
-        return bool(self.waiting or self.running)
-
     def get_num_unfinished_requests(self) -> int:
-        """Number of waiting plus running requests."""
+        """Waiting plus running."""
         return len(self.waiting) + len(self.running)
 
     def make_stats(self) -> SchedulerStats:
-        """A snapshot of queue lengths, KV usage and counters for logs and summaries."""
+        """Queue lengths, the pool's usage and prefix-cache counts, this scheduler's
+        counters, and a copy of the speculation counts."""
         kv = self.kv_cache_manager
         stats = kv.prefix_cache_stats
         spec = self.spec_decoding_stats

@@ -22,8 +22,8 @@ import logging
 
 from minivllm.config import SpeculativeConfig
 from minivllm.core.sched_async_spec import DRAFT_PLACEHOLDER
+from minivllm.core.sched_interface import SchedulerInterface
 from minivllm.core.sched_output import SchedulerOutput
-from minivllm.core.scheduler import Scheduler
 from minivllm.runner_outputs import ModelRunnerOutput
 from minivllm.spec_decode.ngram_proposer import NgramProposer
 
@@ -48,7 +48,7 @@ class EngineDrafter:
     def __init__(
         self,
         spec: SpeculativeConfig,
-        scheduler: Scheduler,
+        scheduler: SchedulerInterface,
         max_model_len: int,
         async_scheduling: bool,
     ) -> None:
