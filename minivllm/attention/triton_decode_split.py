@@ -30,6 +30,12 @@ MIN_TOKENS_PER_SEGMENT = 128
 # ones finish together and the separate reduce grid merges them faster
 # (docs/benchmarks/perf2/kernel_variants.json).
 FUSED_MERGE_MIN_TOKENS = 256
+# ... and only up to this many segments. With more, the launch has few sequences and its
+# segments finish together (one wave of programs), so the last program's serial merge of
+# every partial stands at the end of the critical path: at 1 x 32,768 in 64 segments of
+# 512 keys the reduce kernel measured faster than the fused merge on the H200
+# (docs/benchmarks/perf2/kernel_variants_s7.json; bench kernel times both side by side).
+FUSED_MERGE_MAX_SEGMENTS = 32
 # Upper bound on segments; a power of two because the reduce kernel tiles over them.
 MAX_SEGMENTS = 64
 # Aim for this many programs per multiprocessor so that memory latency is hidden.

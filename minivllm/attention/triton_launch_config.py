@@ -18,6 +18,7 @@ import torch
 import triton
 
 from minivllm.attention.triton_decode_split import (
+    FUSED_MERGE_MAX_SEGMENTS,
     FUSED_MERGE_MIN_TOKENS,
     choose_num_segments,
     num_multiprocessors,
@@ -134,10 +135,11 @@ def select_config(
     while stages * tile_n * kv_tile_bytes > budget and stages > 1:
         stages -= 1
     # The fused merge runs in the last program of each (q-block, KV head), row after row:
-    # it hides behind the other programs when segments are long, but with short ones it
-    # lengthens the critical path more than the separate reduce launch it saves.
+    # it hides behind the other programs when segments are long, but with short ones, or
+    # with very many that all finish together, it lengthens the critical path more than
+    # the separate reduce launch it saves.
     fused = (
-        segments > 1
+        1 < segments <= FUSED_MERGE_MAX_SEGMENTS
         and max_query_len < PREFILL_MIN_QUERY_LEN
         and num_seqs < DECODE_LARGE_BATCH
         and max_seq_len // segments >= FUSED_MERGE_MIN_TOKENS

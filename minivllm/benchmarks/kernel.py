@@ -21,6 +21,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,9 @@ from minivllm.benchmarks.common import (
     require_gpu,
 )
 from minivllm.utils.math_utils import cdiv
+
+if TYPE_CHECKING:
+    from minivllm.attention.triton_launch_config import AttentionLaunchConfig
 
 # Qwen3-0.6B attention: 16 query heads, 8 KV heads, head size 128; vLLM's block size 16.
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 16, 8, 128, 16
@@ -206,6 +210,12 @@ def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> 
     # The same call after a flush that leaves L2 dirty: what the first two rounds measured.
     t_paged_dirty = _bench_graph(paged_fn, dirty_flush=True)
     t_paged_eager = _bench(paged_fn)
+    from minivllm.attention.triton_launch_config import select_config
+
+    config = select_config(num_tokens=batch, num_seqs=batch, num_heads=NUM_HEADS,
+                           num_kv_heads=NUM_KV_HEADS, max_query_len=1, max_seq_len=context,
+                           device=q.device)
+    merges = _bench_merges(args[:-1], out, scale, config)
     k_c, v_c = contiguous_kv(paged, batch, context)
     # SDPA with GQA packed the same way the kernel packs it: the group's query heads act
     # as query rows of their KV head, so the flash kernel reads each KV head once.
@@ -219,14 +229,9 @@ def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> 
 
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_SIZE * DTYPE.itemsize
     nbytes = kv_bytes + 2 * q.numel() * q.element_size()  # + q read + output written
-    from minivllm.attention.triton_launch_config import select_config
-
-    config = select_config(num_tokens=batch, num_seqs=batch, num_heads=NUM_HEADS,
-                           num_kv_heads=NUM_KV_HEADS, max_query_len=1, max_seq_len=context,
-                           device=q.device)
     return {
         "batch": batch, "context": context, "bytes": nbytes,
-        "num_kv_splits": config.num_segments,
+        "num_kv_splits": config.num_segments, "fused_reduce": config.fused_reduce, **merges,
         "paged_ms": t_paged, "paged_pct_copy_bw": 100 * nbytes / (t_paged * 1e-3) / copy_bw,
         "sdpa_ms": t_sdpa, "sdpa_pct_copy_bw": 100 * nbytes / (t_sdpa * 1e-3) / copy_bw,
         "paged_over_sdpa": t_paged / t_sdpa,
@@ -236,6 +241,28 @@ def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> 
         "reference_ms": t_ref, "reference_note": ref_note,
         "max_abs_diff_vs_sdpa": err,
     }
+
+
+def _bench_merges(
+    tensors: tuple, out: torch.Tensor, scale: float, config: AttentionLaunchConfig
+) -> dict:
+    """A split decode timed with each merge, side by side (the default's tiles and segments):
+    ``paged_ms_fused_merge`` (the last segment merges), ``paged_ms_reduce_kernel`` (a second
+    launch), and how far either result is from the default's ``out``. Empty unsplit."""
+    from dataclasses import replace
+
+    from minivllm.attention.triton_unified_attention import launch_unified_attention
+
+    if config.num_segments == 1:
+        return {}
+    results: dict = {"merges_max_abs_diff": 0.0}
+    for name, fused in (("fused_merge", True), ("reduce_kernel", False)):
+        variant, result = replace(config, fused_reduce=fused), torch.empty_like(out)
+        results[f"paged_ms_{name}"] = _bench_graph(
+            lambda v=variant, r=result: launch_unified_attention(*tensors, r, scale, v))
+        diff = (result.float() - out.float()).abs().max().item()
+        results["merges_max_abs_diff"] = max(results["merges_max_abs_diff"], diff)
+    return results
 
 
 def _causal_flops(batch: int, prefix: int, new: int) -> float:
@@ -346,7 +373,9 @@ def run_kernel_bench(args: argparse.Namespace) -> dict:
         "device time per call: median over do_bench runs of a CUDA graph of 20 x (L2 flush + "
         "call), minus the same graph without the call, divided by 20; the flush reads a 256 "
         "MiB buffer (clean L2); *_dirty_flush: the flush zeroes it instead (L2 full of dirty "
-        "lines, the first two rounds' method); paged_eager_ms is one "
+        "lines, the first two rounds' method); paged_ms_fused_merge / paged_ms_reduce_kernel: "
+        "a split decode with each merge (bare launcher, default tiles and segments), timed "
+        "the same way; paged_eager_ms is one "
         "eager call timed by do_bench, host overhead included; the reference is wall clock "
         "(it syncs with the host)")
     results["host_overhead_us"] = _host_overheads()
@@ -364,7 +393,8 @@ def run_kernel_bench(args: argparse.Namespace) -> dict:
                   f"paged {row['paged_ms']:.4f} ms ({row['paged_pct_copy_bw']:.0f}% BW; "
                   f"dirty-L2 flush {row['paged_pct_copy_bw_dirty_flush']:.0f}%)  "
                   f"sdpa {row['sdpa_ms']:.4f} ms  x{row['paged_over_sdpa']:.2f}  "
-                  f"ref {row['reference_ms']}", flush=True)
+                  f"ref {row['reference_ms']}  merge: fused {row.get('paged_ms_fused_merge')} "
+                  f"reduce kernel {row.get('paged_ms_reduce_kernel')}", flush=True)
             torch.cuda.empty_cache()
     results["prefill"] = []
     if not args.skip_prefill:

@@ -17,7 +17,13 @@ from minivllm.attention import reference
 from minivllm.attention import triton_launch_config as tlc
 from minivllm.attention import triton_unified_attention as tua
 from minivllm.attention.backends import triton_attn
-from minivllm.attention.triton_decode_split import MIN_TOKENS_PER_SEGMENT, choose_num_segments
+from minivllm.attention.triton_decode_split import (
+    FUSED_MERGE_MAX_SEGMENTS,
+    FUSED_MERGE_MIN_TOKENS,
+    MAX_SEGMENTS,
+    MIN_TOKENS_PER_SEGMENT,
+    choose_num_segments,
+)
 from minivllm.attention.triton_launch_config import launch_configs, select_config
 from tests.attention.paged_batch import PagedBatch, make_paged_batch
 
@@ -293,13 +299,19 @@ def test_ops_replay_in_a_cuda_graph() -> None:
     _check_close(out, ref, torch.bfloat16)
 
 
+@pytest.mark.parametrize("sms", [None, 132], ids=["cpu-sms", "h200-sms"])
 @pytest.mark.parametrize("heads", [(16, 8, 128), (32, 8, 128), (8, 8, 64)])
-def test_warm_up_covers_every_config_select_config_returns(heads: tuple) -> None:
+def test_warm_up_covers_every_config_select_config_returns(heads: tuple, sms, monkeypatch) -> None:
     """The start-up warm-up compiles launch_configs(); a config the heuristics can pick
-    outside that list would compile in the middle of a run."""
+    outside that list would compile in the middle of a run. Also with an H200's
+    multiprocessor count and a long context, where small decode batches split many ways
+    and both merges are chosen."""
     num_heads, num_kv_heads, head_size = heads
     device = torch.device("cpu")
     max_model_len = 8192
+    if sms is not None:
+        monkeypatch.setattr(tlc, "num_multiprocessors", lambda device: sms)
+        max_model_len = 32768
     configs = launch_configs(num_heads=num_heads, num_kv_heads=num_kv_heads,
                              head_size=head_size, element_size=2,
                              max_model_len=max_model_len, device=device)
@@ -346,6 +358,24 @@ def test_fused_merge_only_for_long_decode_segments() -> None:
     assert long.num_segments > 1 and long.fused_reduce
     assert short.num_segments > 1 and not short.fused_reduce
     assert prefill.num_segments > 1 and not prefill.fused_reduce
+
+
+def test_many_segments_merge_in_the_reduce_kernel(monkeypatch) -> None:
+    """One long sequence on an H200-sized GPU splits into MAX_SEGMENTS segments, all
+    finishing together: the reduce kernel merges them (FUSED_MERGE_MAX_SEGMENTS). Four
+    sequences as long split fewer ways and keep the fused merge; the start-up list holds
+    both."""
+    monkeypatch.setattr(tlc, "num_multiprocessors", lambda device: 132)
+    kwargs = dict(num_heads=16, num_kv_heads=8, max_query_len=1, max_seq_len=32768,
+                  device=torch.device(DEVICE))
+    one = select_config(num_tokens=1, num_seqs=1, **kwargs)
+    assert one.num_segments == MAX_SEGMENTS > FUSED_MERGE_MAX_SEGMENTS
+    assert 32768 // one.num_segments >= FUSED_MERGE_MIN_TOKENS and not one.fused_reduce
+    four = select_config(num_tokens=4, num_seqs=4, **kwargs)
+    assert 1 < four.num_segments <= FUSED_MERGE_MAX_SEGMENTS and four.fused_reduce
+    configs = launch_configs(num_heads=16, num_kv_heads=8, head_size=128, element_size=2,
+                             max_model_len=32768, device=torch.device(DEVICE))
+    assert one in configs and four in configs
 
 
 def test_long_prefills_read_their_chunk_through_tma_and_match_reference() -> None:
