@@ -11,6 +11,7 @@ the committed results in ``docs/benchmarks/``: publishing a run is a deliberate
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import sys
@@ -143,6 +144,14 @@ def make_random_checkpoint(path: Path, shape: dict[str, Any] | None = None) -> P
     if device == "cuda":
         torch.cuda.empty_cache()
     return path
+
+
+def free_device_memory() -> None:
+    """Return the last engine's memory, so the next one's KV pool is sized as alone (an
+    engine's pool takes most of what is free when it starts)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def cuda_sync() -> None:

@@ -31,7 +31,6 @@ so the ratios come from one machine state.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from minivllm.benchmarks.common import (
     default_output,
     environment,
     first_divergence,
+    free_device_memory,
     write_json,
 )
 from minivllm.benchmarks.throughput import add_engine_bench_args, build_llm, checkpoint_path
@@ -240,15 +240,6 @@ def _write_atomically(path: Path, result: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _free_device_memory() -> None:
-    """Return the last engine's memory, so the next one's KV pool is sized as alone."""
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def _identical(a: list[list[int]], b: list[list[int]]) -> int:
     return sum(x == y for x, y in zip(a, b, strict=True))
 
@@ -274,7 +265,7 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"bench spec: draft model k={k} failed: {exc!r}", flush=True)
         else:
             bench.run_setting(method, k)
-        _free_device_memory()
+        free_device_memory()
         _write_atomically(Path(args.output), bench.result)  # a stopped run keeps what ran
     if not args.no_plot:
         from minivllm.benchmarks.spec_decode_plot import plot_spec_results

@@ -44,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from minivllm.benchmarks.common import (
     cuda_sync,
     environment,
+    free_device_memory,
     make_random_checkpoint,
     write_json,
 )
@@ -263,6 +264,8 @@ def profile_setting(
         ops = {k: round(counts.get(k, 0.0) / steps, 1) for k in (*HOST_PHASES, *COMPUTE_PHASES)}
     finally:
         llm.shutdown()
+        del llm
+        free_device_memory()  # else the next setting's pool finds the GPU full
     phases = {
         k: round(statistics.median(r.get(k, 0.0) for r in per_request), 1)
         for k in (*HOST_PHASES, *COMPUTE_PHASES)
