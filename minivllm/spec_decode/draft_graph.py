@@ -27,12 +27,16 @@ request nearing ``max_model_len`` with fewer drafts, more requests than the larg
 graph) takes ``DraftModelProposer``'s eager path, whose passes replay the draft's own
 per-pass graphs. Both paths compute the same drafts: the tests run a proposal both ways.
 Rows a graph is padded with read block 0 and write nowhere (slot -1).
+
+``MINIVLLM_DRAFT_PROPOSAL_GRAPHS=0`` captures none (every proposal takes the eager path),
+so ``python -m minivllm.benchmarks.spec_profile`` can time both in one run.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -42,6 +46,14 @@ from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.utils.math_utils import cdiv
 
 logger = logging.getLogger(__name__)
+
+PROPOSAL_GRAPHS_ENV = "MINIVLLM_DRAFT_PROPOSAL_GRAPHS"
+
+
+def proposal_graphs_enabled() -> bool:
+    """False under ``MINIVLLM_DRAFT_PROPOSAL_GRAPHS=0``: proposals run eagerly (their
+    passes still replay the draft's per-pass graphs)."""
+    return os.environ.get(PROPOSAL_GRAPHS_ENV, "1") != "0"
 
 
 class DraftProposalGraphs:

@@ -30,7 +30,7 @@ from minivllm.sample.prompt_logprobs import compute_prompt_logprobs
 from minivllm.sample.rejection_sampler import RejectionSampler
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingType
-from minivllm.spec_decode.draft_graph import DraftProposalGraphs
+from minivllm.spec_decode.draft_graph import DraftProposalGraphs, proposal_graphs_enabled
 from minivllm.spec_decode.draft_model import DraftModelProposer, TargetBatch
 from minivllm.spec_decode.metadata import SpecDecodeMetadata
 from minivllm.utils.torch_utils import copy_arrays_to_device, copy_to_device
@@ -166,11 +166,12 @@ class ModelRunner:
                 # step has up to k + 2 tokens per request (k + 1 kept, one new).
                 draft_config = spec.draft_model_config
                 self.drafter.graphs = self._capture_graphs(self.drafter.model, draft_config, k + 1)
-                proposals = DraftProposalGraphs(
-                    self.drafter, self.drafter.graphs.capture_sizes, self.drafter.graphs.pool
-                )
-                proposals.capture()
-                self.drafter.proposal_graphs = proposals
+                if proposal_graphs_enabled():
+                    proposals = DraftProposalGraphs(
+                        self.drafter, self.drafter.graphs.capture_sizes, self.drafter.graphs.pool
+                    )
+                    proposals.capture()
+                    self.drafter.proposal_graphs = proposals
 
     def _capture_graphs(
         self, model: torch.nn.Module, model_config: ModelConfig, num_speculative_tokens: int
