@@ -179,13 +179,13 @@ UNFUSED = ["fused_add_rms_norm", "mm"]  # the add + norm, then the cuBLAS projec
 @pytest.mark.parametrize(
     "arch,switches,expected",
     [
-        # 5 kernels + attention (MINIVLLM_NORM_GEMV=1): add + norm + qkv, q/k norm + RoPE,
+        # 5 kernels + attention (the default): add + norm + qkv, q/k norm + RoPE,
         # o_proj, add + norm + gate/up, down with SiLU-and-mul fused in.
-        ("qwen3", {NORM: "1"}, ["rms_norm_gemv", "qk_norm_rope", "attention", "skinny_gemm",
-                                "rms_norm_gemv", "skinny_gemm"]),
-        # 7 + attention (the default): the norms as kernels of their own.
-        ("qwen3", {}, [*UNFUSED, "qk_norm_rope", "attention", "skinny_gemm", *UNFUSED,
-                       "skinny_gemm"]),
+        ("qwen3", {}, ["rms_norm_gemv", "qk_norm_rope", "attention", "skinny_gemm",
+                       "rms_norm_gemv", "skinny_gemm"]),
+        # 7 + attention (MINIVLLM_NORM_GEMV=0): the norms as kernels of their own.
+        ("qwen3", {NORM: "0"}, [*UNFUSED, "qk_norm_rope", "attention", "skinny_gemm",
+                                *UNFUSED, "skinny_gemm"]),
         # 9 + attention: and the q norm, the k norm and RoPE as three kernels.
         ("qwen3", {NORM: "0", QK: "0"}, [*UNFUSED, "rms_norm", "rms_norm", "rotary_embedding",
                                          "attention", "skinny_gemm", *UNFUSED, "skinny_gemm"]),
