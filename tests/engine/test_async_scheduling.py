@@ -13,6 +13,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.arg_utils import EngineArgs
+from minivllm.worker.async_spec import PrevStep
 
 PROMPTS = [
     "the quick brown fox",
@@ -96,17 +97,14 @@ def test_a_step_stays_in_flight_and_its_tokens_are_filled_on_the_device(
     engine = llm.llm_engine
     fills: list[int] = []
 
-    def count_fills(runner) -> None:
-        original = runner._placeholder_sources
+    original = PrevStep.sources  # where each placeholder's token is read on the device
 
-        def counting(placeholders, *args):
-            if placeholders:
-                fills.append(len(placeholders))
-            return original(placeholders, *args)
+    def counting(prev, placeholders, *args):
+        if placeholders:
+            fills.append(len(placeholders))
+        return original(prev, placeholders, *args)
 
-        monkeypatch.setattr(runner, "_placeholder_sources", counting)
-
-    llm.collective_rpc(count_fills)
+    monkeypatch.setattr(PrevStep, "sources", counting)  # the engine runs in this process
     core = engine.engine_core.engine_core
     for prompt in PROMPTS[:2]:
         engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=6))
