@@ -77,6 +77,8 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         self.output_text = ""
         self.num_output_tokens = 0  # output ids consumed so far
+        # Ids of the last update_and_check_stop after the one that completed a stop string.
+        self.tokens_past_stop = 0
         self._fast_decode = fast_decoder(tokenizer)
 
     def _decode(self, ids: list[int]) -> str:
@@ -122,13 +124,20 @@ class IncrementalDetokenizer:
         * text produced by the first ``min_tokens`` tokens is not searched, and nothing
           is searched before more than ``min_tokens`` tokens exist;
         * on a match ``output_text`` is cut before the stop string (or after it with
-          ``include_stop_str_in_output``); the tokens themselves are all kept.
+          ``include_stop_str_in_output``), and ``tokens_past_stop`` says how many of
+          the step's ids came after the one that completed it. A speculative step can
+          bring several tokens; upstream keeps them all, minivllm drops those (the
+          caller does), so a request ends on the same token with speculation as without.
         """
+        self.tokens_past_stop = 0
+        num_new = len(new_token_ids)
         if stop_terminated and not self.include_stop_str_in_output:
             new_token_ids = new_token_ids[:-1]
         stop_check_offset = len(self.output_text)
+        text_ends = []  # len(output_text) after each id
         for token_id in new_token_ids:
             self.update([token_id])
+            text_ends.append(len(self.output_text))
             if self.min_tokens and self.num_output_tokens <= self.min_tokens:
                 stop_check_offset = len(self.output_text)
         if stop_terminated and not self.include_stop_str_in_output:
@@ -144,6 +153,13 @@ class IncrementalDetokenizer:
         if match is None:
             return None
         stop_str, truncate_to = match
+        if self.include_stop_str_in_output:
+            match_end = len(self.output_text) if truncate_to == -1 else truncate_to
+        else:
+            match_end = truncate_to + len(stop_str)
+        completing = next((i for i, end in enumerate(text_ends) if end >= match_end), None)
+        if completing is not None:
+            self.tokens_past_stop = num_new - 1 - completing
         if truncate_to != -1:
             self.output_text = self.output_text[:truncate_to]
         return stop_str

@@ -73,10 +73,12 @@ class LogprobsProcessor:
             )
         )
 
-    def add_samples(self, lists: LogprobsLists) -> None:
-        """Append the logprobs of every token a step added, one row each (a speculative
-        step may add several: its accepted drafts and one more)."""
-        for row in range(len(lists.token_ids)):
+    def add_samples(self, lists: LogprobsLists, num_rows: int | None = None) -> None:
+        """Append the logprobs of the tokens a step added, one row each (a speculative
+        step may add several: its accepted drafts and one more); only the first
+        ``num_rows`` when a stop string ended the request before the step's last token."""
+        rows = len(lists.token_ids) if num_rows is None else min(num_rows, len(lists.token_ids))
+        for row in range(rows):
             self.add_sample(lists, row)
 
     def add_prompt_chunk(self, start: int, lists: LogprobsLists) -> None:

@@ -157,26 +157,28 @@ class RequestState:
         self.sent_logprobs = 0
         self.sent_prompt_logprobs = False
 
-    def update(self, out: EngineCoreOutput) -> str | None:
-        """Take one step's output; return a stop string that the new text completed."""
+    def update(self, out: EngineCoreOutput) -> tuple[str | None, list[int]]:
+        """Take one step's output; return a stop string that the new text completed (or
+        None) and the step's new ids the output keeps: all of them, unless a stop
+        string ended the request before the last (a speculative step's accepted run)."""
         if out.num_cached_tokens:
             self.num_cached_tokens = out.num_cached_tokens
         proc = self.logprobs_processor
-        if proc is not None:
-            if out.new_prompt_logprobs is not None:
-                chunk = out.new_prompt_logprobs
-                proc.add_prompt_chunk(chunk.start, chunk.lists)
-            if out.new_logprobs is not None:
-                proc.add_samples(out.new_logprobs)
-        if not out.new_token_ids:
-            return None
-        self.token_ids.extend(out.new_token_ids)
-        if not self.detokenize_each_step:
-            return None
-        assert self.detokenizer is not None
-        return self.detokenizer.update_and_check_stop(
-            out.new_token_ids, out.finish_reason == FinishReason.STOP
-        )
+        if proc is not None and out.new_prompt_logprobs is not None:
+            chunk = out.new_prompt_logprobs
+            proc.add_prompt_chunk(chunk.start, chunk.lists)
+        new_ids, stop_str = list(out.new_token_ids), None
+        if new_ids and self.detokenize_each_step:
+            assert self.detokenizer is not None
+            stop_str = self.detokenizer.update_and_check_stop(
+                new_ids, out.finish_reason == FinishReason.STOP
+            )
+            if stop_str is not None:
+                new_ids = new_ids[: len(new_ids) - self.detokenizer.tokens_past_stop]
+        if proc is not None and out.new_logprobs is not None:
+            proc.add_samples(out.new_logprobs, len(new_ids))
+        self.token_ids.extend(new_ids)
+        return stop_str, new_ids
 
     def make_request_output(
         self, new_token_ids: list[int], finish_reason: FinishReason | None, stop_reason: Any
@@ -344,16 +346,14 @@ class OutputProcessor:
             state.stats.num_draft_tokens += out.num_draft_tokens
             state.stats.num_accepted_tokens += out.num_accepted_tokens
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
-            stop_str = state.update(out)
+            stop_str, new_token_ids = state.update(out)
             if stop_str is not None:
                 finish_reason, stop_reason = FinishReason.STOP, stop_str
                 if not out.finished:
                     result.reqs_to_abort.append(out.request_id)
             if finish_reason is not None:
                 self._finish(state, finish_reason, stats)
-            request_output = state.make_request_output(
-                out.new_token_ids, finish_reason, stop_reason
-            )
+            request_output = state.make_request_output(new_token_ids, finish_reason, stop_reason)
             if request_output is None:
                 continue
             if state.queue is not None:

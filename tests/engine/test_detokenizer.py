@@ -78,3 +78,30 @@ def test_stop_string_split_across_tokens() -> None:
         10,
     )
     assert check_stop_strings("abc", 0, ["a"], False) is None
+
+
+@pytest.mark.parametrize("include", [False, True])
+@pytest.mark.parametrize("stop_terminated", [False, True])
+def test_a_step_of_several_ids_ends_on_the_one_completing_the_stop_string(
+    tokenizer, include: bool, stop_terminated: bool
+) -> None:
+    """A speculative step may bring several ids at once. The stop string here is
+    completed by the third of six; the three after it are reported in
+    ``tokens_past_stop`` (the output processor drops them), so the request ends on the
+    same id as decoding one id at a time, and the text is cut the same way."""
+    prompt = tokenizer.encode("Prompt: ")
+    pieces = [tokenizer.encode(w) for w in ("alpha", " beta", " gamma", " delta", " eps", " z")]
+    assert all(len(p) >= 1 for p in pieces)
+    ids = [t for p in pieces for t in p]
+    completing = len(pieces[0]) + len(pieces[1]) + len(pieces[2]) - 1  # last id of " gamma"
+    kwargs = dict(stop=["gamma"], include_stop_str_in_output=include)
+    one_at_a_time = IncrementalDetokenizer(tokenizer, prompt, **kwargs)
+    stopped_at = next(
+        n for n, token in enumerate(ids) if one_at_a_time.update_and_check_stop([token], False)
+    )
+    assert stopped_at == completing and one_at_a_time.tokens_past_stop == 0
+    batch = IncrementalDetokenizer(tokenizer, prompt, **kwargs)
+    assert batch.update_and_check_stop(ids, stop_terminated) == "gamma"
+    assert batch.tokens_past_stop == len(ids) - 1 - completing
+    assert batch.output_text == one_at_a_time.output_text
+    assert batch.output_text == ("alpha beta gamma" if include else "alpha beta ")

@@ -18,20 +18,11 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.engine.arg_utils import EngineArgs
 from tests.engine.test_llm_engine import _workload
-from tests.spec_decode.test_draft_model import draft_model, make_target_and_draft
+from tests.spec_decode.test_draft_model import draft_model
 from tests.spec_decode.test_spec_decode_e2e import MAX_MODEL_LEN, PREEMPTING, REPEATS, ngram
 from tests.tiny_models import make_tiny_model
 
 THRESHOLD = 4  # the preempting pool runs 1-5 requests at once: crossed both ways
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +104,6 @@ def test_ngram_pauses_above_the_threshold_and_runs_those_steps_ahead(workload, t
     for i, (_, _, in_flight) in enumerate(run.steps):
         if in_flight:
             assert run.steps[i - 1][0] > THRESHOLD and not run.steps[i - 1][1]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return make_target_and_draft(tmp_path_factory.mktemp("pair"))
 
 
 def test_draft_model_pauses_above_the_threshold(workload, pair) -> None:

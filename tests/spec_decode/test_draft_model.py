@@ -34,17 +34,6 @@ PREEMPTING = dict(block_size=8, num_kv_blocks=MAX_MODEL_LEN // 8 + 2, max_num_ba
 REPEATS = [[7, 8, 9, 10, 11] * 4, [42, 43] * 8]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a shared machine
-    where a second thread waits for a core (this module took minutes instead of seconds
-    on a loaded 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_target_and_draft(root: Path, damp: float = 0.3) -> tuple[Path, Path]:
     """A two-layer target whose second layer adds ``damp`` times its usual output, and
     a one-layer draft holding the target's own embeddings, first layer and head."""

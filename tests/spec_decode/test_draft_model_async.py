@@ -29,22 +29,7 @@ from tests.spec_decode.test_draft_model import (
     PREEMPTING,
     REPEATS,
     draft_model,
-    make_target_and_draft,
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one intra-op thread (see test_draft_model)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return make_target_and_draft(tmp_path_factory.mktemp("pair"))
 
 
 @pytest.fixture(scope="module")
