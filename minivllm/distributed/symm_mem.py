@@ -18,8 +18,8 @@ handles once (``rendezvous``); after that a reduction is one kernel:
   them, in rank order, so every rank gets the same bits. Each rank reads the whole
   message from every peer: the least latency, the most traffic.
 * **two-shot**: a reduce-scatter then an all-gather inside one kernel; each rank sums
-  only its slice, then copies the others' sums. Less traffic per rank at four or more
-  ranks, one more barrier.
+  only its slice, then copies the others' sums. One more barrier, but each rank reads
+  only its share of every peer's message: faster for large messages.
 
 Multicast (NVLink SHARP, ``multimem_*`` ops) is never used: the ops here read peers'
 memory with ordinary loads. Above ``max_size`` bytes, and whenever this communicator is
@@ -48,9 +48,12 @@ MAX_SIZE = 8 * MiB
 ``CustomAllreduce``'s default ``max_size``. It covers a decode step of 1,024 tokens at
 hidden size 4,096 in bf16; longer prefills, which are bandwidth-bound, go to NCCL."""
 
-ONE_SHOT_MAX_SIZES = {2: MAX_SIZE, 4: 512 * KiB, 8: 256 * KiB}
-"""Up to this many bytes a reduction is one-shot, above it two-shot, by world size:
-upstream's ``custom_all_reduce.cuh`` choice (two ranks: always one-shot)."""
+ONE_SHOT_MAX_SIZES = {2: 512 * KiB, 4: 512 * KiB, 8: 256 * KiB}
+"""Up to this many bytes a reduction is one-shot, above it two-shot, by world size.
+Four and eight ranks: upstream's ``custom_all_reduce.cuh`` choice. Two ranks: upstream's
+own kernel stays one-shot at any size, but torch's one-shot kernel runs at most 24
+blocks, and on two H200s it ties two-shot at 512 KB and falls behind above
+(``docs/benchmarks/all_reduce_h200.json``, ``python -m minivllm.benchmarks.all_reduce``)."""
 
 SUPPORTED_WORLD_SIZES = tuple(ONE_SHOT_MAX_SIZES)
 """World sizes torch's kernels are specialized for."""

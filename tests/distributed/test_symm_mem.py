@@ -34,8 +34,9 @@ CPU = torch.device("cpu")
     "nbytes, world, expected",
     [
         (8 * KiB, 2, "one_shot"),  # a batch-1 decode step of hidden 4096 in bf16
-        (2 * MiB, 2, "one_shot"),  # batch 256: two ranks are one-shot at any size
-        (MAX_SIZE, 2, "one_shot"),
+        (512 * KiB, 2, "one_shot"),  # 64 tokens: where the two kernels tie on an H200
+        (2 * MiB, 2, "two_shot"),  # batch 256
+        (MAX_SIZE, 2, "two_shot"),
         (MAX_SIZE + 16, 2, None),  # too large for the buffer: NCCL
         (512 * KiB, 4, "one_shot"),
         (512 * KiB + 16, 4, "two_shot"),  # more ranks: one-shot's traffic grows, two-shot
@@ -86,19 +87,20 @@ class _Enabled(SymmMemCommunicator):
 def test_which_tensors_are_taken() -> None:
     comm = _Enabled(2)
     bf16 = torch.zeros(256, 4096, dtype=torch.bfloat16)
-    assert comm.algorithm(bf16) == "one_shot"
-    assert comm.algorithm(bf16.float()) == "one_shot"
+    assert comm.algorithm(bf16) == "two_shot"  # 2 MiB
+    assert comm.algorithm(bf16[:8]) == "one_shot"
+    assert comm.algorithm(bf16.float()) == "two_shot"
     assert comm.algorithm(bf16.half()) is None  # torch's kernels: bf16 and fp32 only
     assert comm.algorithm(bf16.t()) is None  # not contiguous
     assert comm.algorithm(bf16[:0]) is None  # empty
     assert comm.algorithm(torch.zeros(3, dtype=torch.bfloat16)) is None  # 6 bytes
     # A row slice keeps 16-byte alignment; an odd element offset does not.
-    assert comm.algorithm(bf16[1:]) == "one_shot"
+    assert comm.algorithm(bf16[1:]) == "two_shot"
     assert comm.algorithm(bf16.view(-1)[1:4097]) is None
     assert comm.algorithm(torch.zeros(1025, 4096, dtype=torch.bfloat16)) is None  # > 8 MiB
     assert _Enabled(8).algorithm(bf16) == "two_shot"
     # A forced algorithm applies only to messages the buffer takes at all.
-    assert _Enabled(2, "two_shot").algorithm(bf16) == "two_shot"
+    assert _Enabled(2, "one_shot").algorithm(bf16) == "one_shot"
     assert _Enabled(2, "two_shot").algorithm(bf16.half()) is None
 
 
