@@ -164,6 +164,7 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
         serve,
         soak,
         spec_decode,
+        spec_decode_args,
         tensor_parallel,
         throughput,
     )
@@ -182,7 +183,7 @@ def _add_bench_commands(bench_sub: argparse._SubParsersAction) -> None:
         ("serve", "a running server over HTTP: TTFT, ITL, throughput at request rates",
          serve.add_serve_args, serve.run_serve_bench),
         ("spec", "speculative decoding off vs n-gram / draft model: batch-1 TPOT, throughput",
-         spec_decode.add_spec_args, spec_decode.run_spec_bench),
+         spec_decode_args.add_spec_args, spec_decode.run_spec_bench),
         ("tp", "tensor parallelism: TP=1 vs TP=N on a Qwen3-8B shape, throughput and equality",
          tensor_parallel.add_tp_args, tensor_parallel.run_tp_bench),
         ("sampler", "the sampler alone at temperature: general path vs the one-pass kernel",
