@@ -76,11 +76,16 @@ def load_hf_model(path: Path):
 def add_tiny_tokenizer(path: Path, vocab_size: int = 512) -> Path:
     """Train a byte-level BPE tokenizer (<= ``vocab_size`` ids) into ``path``.
 
-    Its text is minivllm's own source, so the tokenizer has real merges; ids 0/1 are
-    ``<|bos|>``/``<|eos|>``. Pair it with a model whose vocabulary is ``vocab_size``.
+    Its text is a frozen snapshot of minivllm's own source (``tests/data/tokenizer_corpus.txt``),
+    so the tokenizer has real merges; ids 0/1 are ``<|bos|>``/``<|eos|>``. Pair it with a
+    model whose vocabulary is ``vocab_size``. Frozen, not the live source: trained on the
+    package as it stands, every edit anywhere re-rolled the test tokenizer, and with it the
+    token ids of every text prompt in the suite (an unrelated new file once moved a stop
+    string inside an accepted speculative run).
     """
-    from minivllm.demo import _training_text, train_byte_level_tokenizer
+    from minivllm.demo import train_byte_level_tokenizer
 
-    tokenizer = train_byte_level_tokenizer(_training_text(), vocab_size)
+    corpus = (Path(__file__).parent / "data" / "tokenizer_corpus.txt").read_text(encoding="utf-8")
+    tokenizer = train_byte_level_tokenizer([corpus], vocab_size)
     tokenizer.save_pretrained(path)
     return path

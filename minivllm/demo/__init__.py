@@ -69,8 +69,3 @@ def _checked(folder: Path, what: str, alternative: str) -> Path:
             )
     return folder
 
-
-def _training_text() -> list[str]:
-    """minivllm's own Python source, one file per item: text for test tokenizers."""
-    package = Path(__file__).parent.parent
-    return [p.read_text(encoding="utf-8") for p in sorted(package.rglob("*.py"))]
