@@ -106,6 +106,17 @@ class LLM:
         """
         return self.llm_engine.collective_rpc(method, args, kwargs)
 
+    def start_profile(self, trace_dir: str) -> None:
+        """Profile what every model worker runs from now on with ``torch.profiler``, until
+        ``stop_profile``; each rank writes ``rank<r>_trace.json`` and
+        ``rank<r>_table.txt`` into ``trace_dir``. Upstream counterpart:
+        ``LLM.start_profile``."""
+        self.llm_engine.start_profile(trace_dir)
+
+    def stop_profile(self) -> list[str]:
+        """Stop profiling; return the trace file of each rank, in rank order."""
+        return self.llm_engine.stop_profile()
+
     def chat(
         self,
         messages: Sequence[Any],

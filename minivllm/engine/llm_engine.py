@@ -152,6 +152,28 @@ class LLMEngine:
         worker's model runner); return the results in rank order."""
         return self.engine_core.collective_rpc(method, args, kwargs)
 
+    def start_profile(self, trace_dir: str) -> None:
+        """Start a torch profiler on every model worker (``worker/profiler.py``); each
+        rank writes its trace into ``trace_dir`` on ``stop_profile``. Upstream
+        counterpart: ``LLMEngine.start_profile`` (its directory comes from the profiler
+        config instead).
+
+        Raises:
+            ValueError: ``trace_dir`` is empty.
+            RuntimeError: A profile is already running.
+        """
+        if not trace_dir:
+            raise ValueError("start_profile: trace_dir must name a directory")
+        self.engine_core.collective_rpc("profile", (True, str(trace_dir)))
+
+    def stop_profile(self) -> list[str]:
+        """Stop the profilers; return each rank's trace file, in rank order.
+
+        Raises:
+            RuntimeError: No profile is running.
+        """
+        return self.engine_core.collective_rpc("profile", (False, ""))
+
     def start_step_records(self, interval_s: float = 0.0) -> None:
         """Keep a ``StepRecord`` (``minivllm.core.step_record``) of a scheduled step at
         most every ``interval_s`` seconds (0: every step) in ``step_records``, plus one

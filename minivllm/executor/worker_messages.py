@@ -97,6 +97,15 @@ class ExecuteModel(WorkerCall, tag="execute_model"):
     returns: ClassVar[Any] = ModelRunnerOutput
 
 
+class Profile(WorkerCall, tag="profile"):
+    """``Worker.profile``: start or stop this rank's torch profiler; on stop, the path of
+    the trace it wrote."""
+
+    is_start: bool
+    trace_dir: str
+    returns: ClassVar[Any] = str
+
+
 class Shutdown(WorkerCall, tag="shutdown"):
     """Ends the worker's loop (it leaves the process group and exits); never answered."""
 
@@ -110,6 +119,7 @@ WORKER_CALLS: dict[str, type[WorkerCall]] = {
         DetermineNumBlocks,
         InitializeKVCache,
         ExecuteModel,
+        Profile,
     )
 }
 """The methods ``collective_rpc`` may call on the workers, by name (``Shutdown`` is the

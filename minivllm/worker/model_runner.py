@@ -19,7 +19,10 @@ import torch
 from minivllm.attention.selector import get_attn_backend
 from minivllm.config import ModelConfig, VllmConfig
 from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput
-from minivllm.distributed.parallel_state import get_tensor_model_parallel_world_size
+from minivllm.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 from minivllm.forward_context import set_forward_context
 from minivllm.model_executor.loader import get_model
 from minivllm.runner_outputs import ModelRunnerOutput, SamplerOutput
@@ -43,6 +46,7 @@ from minivllm.worker.kv_cache import (
     kv_spec_for,
 )
 from minivllm.worker.mem_utils import profile_num_blocks
+from minivllm.worker.profiler import TorchProfilerWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +95,8 @@ class ModelRunner:
         # With a draft model also its drafts, and the drafts it rejected (async_spec.py).
         self._prev = PrevStep()
         self._prev_output: AsyncOutput | None = None
+        # LLM.start_profile / stop_profile: this rank's torch profiler.
+        self.profiler = TorchProfilerWrapper(get_tensor_model_parallel_rank())
 
     # ---- initialization -------------------------------------------------------------
 
@@ -310,6 +316,14 @@ class ModelRunner:
             inputs.batch, inputs.input_ids, sampled, num_accepted, catch_up_only
         )
         return None if catch_up_only else drafts
+
+    def profile(self, is_start: bool, trace_dir: str = "") -> str:
+        """Start (``is_start``) or stop this rank's torch profiler; on stop, the path of
+        the trace it wrote into ``trace_dir`` ("" on start)."""
+        if is_start:
+            self.profiler.start(trace_dir)
+            return ""
+        return self.profiler.stop()
 
     def _read_in_flight_tokens(self) -> dict[str, int]:
         """The previous step's sampled tokens by request id, for the penalties.

@@ -114,6 +114,10 @@ class Worker:
             self._last_step_failed = True
             raise
 
+    def profile(self, is_start: bool, trace_dir: str) -> str:
+        """Start or stop this rank's torch profiler (``ModelRunner.profile``)."""
+        return self._runner().profile(is_start, trace_dir)
+
     def shutdown(self) -> None:
         """Release the model and leave the process group."""
         self.model_runner = None

@@ -31,6 +31,7 @@ from minivllm.executor.worker_messages import (
     InitDevice,
     InitializeKVCache,
     LoadModel,
+    Profile,
     Shutdown,
     WorkerError,
     WorkerMessageEncoder,
@@ -79,6 +80,7 @@ CALLS = [
     DetermineNumBlocks(),
     InitializeKVCache(17),
     ExecuteModel(_step_message()),
+    Profile(True, "/tmp/traces"),
     Shutdown(),
 ]
 
@@ -96,6 +98,7 @@ REPLIES = [
     ("execute_model", _runner_output()),
     ("execute_model", None),  # a rank other than 0 acknowledges a step
     ("init_device", None),
+    ("profile", "/tmp/traces/rank0_trace.json"),
 ]
 
 
