@@ -24,8 +24,9 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
     if get_tensor_model_parallel_world_size() == 1:
         return x
     comm = get_symm_mem_communicator()
-    if comm is not None and comm.should_use_symm_mem(x):
-        return comm.all_reduce(x)
+    algo = None if comm is None else comm.algorithm(x)
+    if algo is not None:
+        return comm.all_reduce(x, algo)
     dist.all_reduce(x, group=get_tp_group())
     return x
 

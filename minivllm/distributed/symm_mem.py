@@ -182,13 +182,14 @@ class SymmMemCommunicator:
         """Whether ``all_reduce(inp)`` runs here (upstream's ``should_use_symm_mem``)."""
         return self.algorithm(inp) is not None
 
-    def all_reduce(self, inp: torch.Tensor) -> torch.Tensor:
+    def all_reduce(self, inp: torch.Tensor, algo: str | None = None) -> torch.Tensor:
         """Sum ``inp`` over the ranks in place; returns ``inp``.
 
         Call only when ``should_use_symm_mem(inp)``; every rank must call it with the
-        same shape, as with any collective.
+        same shape, as with any collective. ``algo``: ``algorithm(inp)`` when the caller
+        already has it (the layers' all-reduce asks once per call, not twice).
         """
-        algo = self.algorithm(inp)
+        algo = algo or self.algorithm(inp)
         if algo is None:
             raise ValueError(f"inp ({inp.dtype}, {tuple(inp.shape)}) is not for symmetric memory")
         flat = inp.view(-1)

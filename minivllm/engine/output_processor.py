@@ -167,7 +167,7 @@ class RequestState:
         if proc is not None and out.new_prompt_logprobs is not None:
             chunk = out.new_prompt_logprobs
             proc.add_prompt_chunk(chunk.start, chunk.lists)
-        new_ids, stop_str = list(out.new_token_ids), None
+        new_ids, stop_str = out.new_token_ids, None
         if new_ids and self.detokenize_each_step:
             assert self.detokenizer is not None
             stop_str = self.detokenizer.update_and_check_stop(

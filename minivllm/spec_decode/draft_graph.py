@@ -86,7 +86,8 @@ class DraftProposalGraphs:
         q = k + 2  # catch-up tokens per request
         i32 = dict(dtype=torch.int32, device=device)
         self._offsets = torch.arange(q, **i64)
-        self._row_start = torch.arange(n, **i64) * q
+        self._rows = torch.arange(n, **i64)
+        self._row_start = self._rows * q
         self._query_start_q = torch.arange(n + 1, **i32) * q
         self._query_start_1 = torch.arange(n + 1, **i32)
         self.graphs: dict[int, Any] = {}
@@ -214,17 +215,13 @@ class DraftProposalGraphs:
     def _place(
         self, table: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions clamped below ``max_model_len`` and their cache slots; -1 (no write)
-        past it and on padded rows (``DraftModelProposer._within_model_len``'s rule)."""
-        p = self.proposer
-        bs = p.block_size
-        beyond = positions >= p.max_model_len
-        positions = positions.clamp(max=p.max_model_len - 1)
-        rows = torch.arange(table.shape[0], device=table.device)
+        """Positions clamped below ``max_model_len`` and their cache slots
+        (``DraftModelProposer._within_model_len``), and slot -1 on padded rows too."""
+        rows = self._rows[: table.shape[0]]
         if positions.dim() == 2:
             rows = rows[:, None]
-        slots = table[rows, positions // bs] * bs + positions % bs
-        return positions, torch.where(beyond | ~valid, -1, slots)
+        positions, slots = self.proposer._within_model_len(table, rows, positions)
+        return positions, torch.where(valid, slots, -1)
 
     @torch.inference_mode()
     def capture(self) -> None:
