@@ -3,9 +3,10 @@
 Upstream counterpart: ``vllm/engine/arg_utils.py`` (``EngineArgs``,
 ``EngineArgs.create_engine_config``, ``EngineArgs.add_cli_args``,
 ``EngineArgs.from_cli_args``). Names and meanings follow vLLM; the defaults are
-documented on each field. Every check happens here, before anything is allocated. The
-command-line flags are generated from the same fields, so every command that starts an
-engine (``generate``, ``serve``, ``trace``) accepts the same names as the Python API.
+documented on each field. Every check happens here, before anything is allocated
+(``hf_config`` reads a model folder's ``config.json``). The command-line flags are
+generated from the same fields, so every command that starts an engine (``generate``,
+``serve``, ``trace``) accepts the same names as the Python API.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from minivllm.config import (
     VllmConfig,
 )
 from minivllm.distributed.utils import verify_tensor_parallel_size
+from minivllm.engine.hf_config import has_tokenizer, load_hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -156,14 +158,14 @@ class EngineArgs:
         from minivllm.model_executor.weight_utils import find_safetensors_files
 
         model_path = resolve_model_path(os.fspath(self.model))
-        hf_config, eos_ids = _load_hf_config(model_path)
+        hf_config, eos_ids = load_hf_config(model_path)
         # Listing the weights now fails a bad index or a folder without weights here,
         # before any worker process, model or KV cache exists.
         find_safetensors_files(model_path)
         verify_tensor_parallel_size(hf_config, self.tensor_parallel_size, device)
         dtype = self._resolve_dtype(hf_config, device)
         max_model_len = self._resolve_max_model_len(hf_config)
-        tokenizer = self.tokenizer or (model_path if _has_tokenizer(model_path) else None)
+        tokenizer = self.tokenizer or (model_path if has_tokenizer(model_path) else None)
         model_config = ModelConfig(
             model=model_path,
             hf_config=hf_config,
@@ -349,7 +351,7 @@ def _resolve_draft_model_config(
     path = spec.model
     assert path is not None
     try:
-        hf_config, _ = _load_hf_config(path)
+        hf_config, _ = load_hf_config(path)
         ModelRegistry.resolve_model_cls(getattr(hf_config, "architectures", None))
         find_safetensors_files(path)
         verify_tensor_parallel_size(hf_config, tp_size, device)
@@ -366,7 +368,7 @@ def _resolve_draft_model_config(
         hf_config=hf_config,
         dtype=target.dtype,
         max_model_len=target.max_model_len,
-        tokenizer=path if _has_tokenizer(path) else None,
+        tokenizer=path if has_tokenizer(path) else None,
     )
     spec.verify_equal_vocab(target)
 
@@ -384,39 +386,3 @@ def _json_object(name: str):
         return value
 
     return parse
-
-
-def _load_hf_config(model_path: str) -> tuple[Any, set[int]]:
-    """Parse config.json (and generation_config.json for EOS ids)."""
-    import transformers
-
-    from minivllm.model_executor.weight_utils import read_json_file
-
-    config_file = os.path.join(model_path, "config.json")
-    if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"no config.json in model folder {model_path!r}")
-    read_json_file(config_file)  # a syntax error is reported with its line and column
-    try:
-        hf_config = transformers.AutoConfig.from_pretrained(model_path)
-    except (ValueError, KeyError, OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot parse {config_file}: {exc}") from exc
-    eos = _eos_ids(getattr(hf_config, "eos_token_id", None), config_file)
-    gen_file = os.path.join(model_path, "generation_config.json")
-    if os.path.isfile(gen_file):
-        eos |= _eos_ids(read_json_file(gen_file).get("eos_token_id"), gen_file)
-    return hf_config, eos
-
-
-def _eos_ids(value: Any, source: str) -> set[int]:
-    """A config's ``eos_token_id`` (absent, one id or a list of ids) as a set of ids."""
-    ids = [] if value is None else value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ids):
-        raise ValueError(
-            f"{source}: eos_token_id must be a token id or a list of token ids, got {value!r}"
-        )
-    return set(ids)
-
-
-def _has_tokenizer(model_path: str) -> bool:
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    return any(os.path.isfile(os.path.join(model_path, n)) for n in names)
