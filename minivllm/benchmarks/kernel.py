@@ -9,9 +9,9 @@ What is measured, all in one process so every ratio compares numbers from the sa
   contiguously (no paging), and the torch reference backend;
 * prefill and chunked prefill: TFLOP/s of the Triton kernel and of causal SDPA.
 
-The block table is a random permutation of the pool, so every logical block lands at a
-random place in memory, as in a long-running server. Results go to ``kernel.json`` (the
-command, GPU, versions and every figure) and a plot, ``kernel.png``.
+The inputs (``kernel_inputs.py``) put every logical block at a random place in memory, as
+in a long-running server. Results go to ``kernel.json`` (the command, GPU, versions and
+every figure) and a plot, ``kernel.png``.
 """
 
 from __future__ import annotations
@@ -32,14 +32,21 @@ from minivllm.benchmarks.common import (
     measure_copy_bandwidth,
     require_gpu,
 )
-from minivllm.utils.math_utils import cdiv
+from minivllm.benchmarks.kernel_inputs import (
+    BLOCK_SIZE,
+    DTYPE,
+    HEAD_SIZE,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    causal_flops,
+    contiguous_kv,
+    make_paged_kv,
+    step_qkv,
+)
 
 if TYPE_CHECKING:
     from minivllm.attention.triton_launch_config import AttentionLaunchConfig
 
-# Qwen3-0.6B attention: 16 query heads, 8 KV heads, head size 128; vLLM's block size 16.
-NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 16, 8, 128, 16
-DTYPE = torch.bfloat16
 BATCHES = (1, 8, 64, 256)
 CONTEXTS = (512, 2048, 8192, 32768)
 # (batch, cached prefix, new tokens): whole prefills have prefix 0.
@@ -143,51 +150,6 @@ def _wall_ms(fn: Callable[[], object], max_s: float) -> tuple[float | None, str]
     return 1e3 * times[len(times) // 2], "wall clock, host syncs included"
 
 
-def make_paged_kv(
-    num_seqs: int, seq_len: int, gen: torch.Generator, device: str = "cuda"
-) -> dict:
-    """Random paged K/V for ``num_seqs`` sequences of ``seq_len`` tokens, shuffled blocks."""
-    blocks_per_seq = cdiv(seq_len, BLOCK_SIZE)
-    num_blocks = num_seqs * blocks_per_seq
-    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
-    k = torch.randn(shape, dtype=DTYPE, device=device, generator=gen)
-    v = torch.randn(shape, dtype=DTYPE, device=device, generator=gen)
-    perm = torch.randperm(num_blocks, device=device, generator=gen).to(torch.int32)
-    return {"key_cache": k, "value_cache": v,
-            "block_table": perm.view(num_seqs, blocks_per_seq)}
-
-
-def contiguous_kv(paged: dict, num_seqs: int, seq_len: int) -> tuple[torch.Tensor, ...]:
-    """The same keys/values as ``[seqs, kv_heads, seq_len, head]`` (SDPA's layout)."""
-    idx = paged["block_table"].long()
-    out = []
-    for name in ("key_cache", "value_cache"):
-        t = paged[name][idx].view(num_seqs, -1, NUM_KV_HEADS, HEAD_SIZE)[:, :seq_len]
-        out.append(t.transpose(1, 2).contiguous())
-    return tuple(out)
-
-
-def step_qkv(
-    paged: dict, batch: int, prefix: int, new: int, gen: torch.Generator, device: str = "cuda"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A prefill step's q, k, v as the model hands them to attention: views of one fused
-    projection output, the chunk's keys/values equal to the cache's positions
-    ``prefix .. prefix + new - 1`` of each sequence (already written)."""
-    width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
-    qkv = torch.empty(batch * new, width, dtype=DTYPE, device=device)
-    q = qkv[:, : NUM_HEADS * HEAD_SIZE].view(-1, NUM_HEADS, HEAD_SIZE)
-    q.copy_(torch.randn(q.shape, dtype=DTYPE, device=device, generator=gen))
-    idx = paged["block_table"].long()
-    kv = []
-    for i, name in enumerate(("key_cache", "value_cache")):
-        lo = (NUM_HEADS + i * NUM_KV_HEADS) * HEAD_SIZE
-        view = qkv[:, lo : lo + NUM_KV_HEADS * HEAD_SIZE].view(-1, NUM_KV_HEADS, HEAD_SIZE)
-        rows = paged[name][idx].view(batch, -1, NUM_KV_HEADS, HEAD_SIZE)[:, prefix : prefix + new]
-        view.copy_(rows.reshape(view.shape))
-        kv.append(view)
-    return q, kv[0], kv[1]
-
-
 def bench_decode(batch: int, context: int, copy_bw: float, ref_max_s: float) -> dict:
     """One decode step of ``batch`` sequences whose context is ``context`` tokens."""
     from minivllm.attention import reference
@@ -265,13 +227,6 @@ def _bench_merges(
     return results
 
 
-def _causal_flops(batch: int, prefix: int, new: int) -> float:
-    # Query t (0-based) of a chunk sees prefix + t + 1 keys; QK^T and PV are 2 FLOPs per
-    # multiply-add each, so 4 * head_size FLOPs per (query head, visible key).
-    visible = batch * (new * prefix + new * (new + 1) / 2)
-    return 4.0 * NUM_HEADS * HEAD_SIZE * visible
-
-
 def bench_prefill(batch: int, prefix: int, new: int) -> dict:
     """Prefill (``prefix == 0``) or a chunk of ``new`` tokens over a cached prefix."""
     from torch.nn.attention.bias import causal_lower_right
@@ -310,7 +265,7 @@ def bench_prefill(batch: int, prefix: int, new: int) -> dict:
     t_sdpa = _bench_graph(sdpa)
     err = (out.view(batch, new, NUM_HEADS, HEAD_SIZE).float()
            - sdpa_out.transpose(1, 2).float()).abs().max().item()
-    flops = _causal_flops(batch, prefix, new)
+    flops = causal_flops(batch, prefix, new)
     return {
         "batch": batch, "prefix": prefix, "new_tokens": new, "flops": flops,
         "paged_ms": t_paged, "paged_tflops": flops / (t_paged * 1e-3) / 1e12,

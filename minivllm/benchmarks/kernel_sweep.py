@@ -20,12 +20,12 @@ import torch
 from minivllm.attention.triton_launch_config import AttentionLaunchConfig
 from minivllm.attention.triton_unified_attention import launch_unified_attention
 from minivllm.benchmarks.common import environment, measure_copy_bandwidth
-from minivllm.benchmarks.kernel import (
+from minivllm.benchmarks.kernel import _bench_graph
+from minivllm.benchmarks.kernel_inputs import (
     DTYPE,
     HEAD_SIZE,
     NUM_HEADS,
     NUM_KV_HEADS,
-    _bench_graph,
     make_paged_kv,
 )
 
