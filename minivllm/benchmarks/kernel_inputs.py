@@ -1,6 +1,7 @@
 """What the attention benchmarks feed the kernel: Qwen3-0.6B's attention shapes, a random
 paged KV cache with shuffled blocks, the same keys laid out for SDPA, a prefill step's
-q/k/v, and the FLOPs of causal attention.
+q/k/v, the FLOPs of causal attention, and the variant sweep's cases (one shape's launcher
+arguments with SDPA's output on the same keys to check against).
 
 Upstream counterpart: ``create_kv_caches_with_random_flash`` in
 ``vllm/utils/torch_utils.py`` and the input setup of
@@ -12,6 +13,7 @@ the kernel on these inputs, so their figures compare.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from minivllm.utils.math_utils import cdiv
 
@@ -73,3 +75,85 @@ def causal_flops(batch: int, prefix: int, new: int) -> float:
     # multiply-add each, so 4 * head_size FLOPs per (query head, visible key).
     visible = batch * (new * prefix + new * (new + 1) / 2)
     return 4.0 * NUM_HEADS * HEAD_SIZE * visible
+
+
+def prefill_case(batch: int, prefix: int, new: int, device: str = "cuda") -> dict:
+    """One prefill shape as the variant sweep runs it: the launcher's arguments (``out``
+    the seventh), this step's key/value, SDPA on the same keys and its output, the FLOPs."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    seq_len = prefix + new
+    gen = torch.Generator(device=device).manual_seed(seq_len * 7 + batch)
+    paged = make_paged_kv(batch, seq_len, gen, device)
+    q, key, value = step_qkv(paged, batch, prefix, new, gen, device)
+    lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
+    starts = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device=device)
+    args = (
+        q,
+        paged["key_cache"],
+        paged["value_cache"],
+        paged["block_table"],
+        lens,
+        starts,
+        torch.empty_like(q),
+        HEAD_SIZE**-0.5,
+    )
+    group = NUM_HEADS // NUM_KV_HEADS
+    k_c, v_c = (t.repeat_interleave(group, 1) for t in contiguous_kv(paged, batch, seq_len))
+    q_sdpa = q.view(batch, new, NUM_HEADS, HEAD_SIZE).transpose(1, 2)
+    mask = None if prefix == 0 else causal_lower_right(new, seq_len)
+
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q_sdpa, k_c, v_c, attn_mask=mask, is_causal=prefix == 0, scale=HEAD_SIZE**-0.5
+        )
+
+    expected = sdpa().transpose(1, 2).reshape_as(q)
+    return {
+        "args": args,
+        "new_kv": {"key": key, "value": value},
+        "hints": {"max_query_len": new, "max_seq_len": seq_len},
+        "sdpa": sdpa,
+        "expected": expected.reshape(q.shape),
+        "flops": causal_flops(batch, prefix, new),
+        "name": f"B{batch} prefix {prefix} new {new}",
+    }
+
+
+def decode_case(batch: int, context: int, device: str = "cuda") -> dict:
+    """One decode shape as the variant sweep runs it: the launcher's arguments (``out`` the
+    seventh), SDPA on the same keys laid out contiguously and its output, the bytes moved."""
+    gen = torch.Generator(device=device).manual_seed(batch * 100003 + context)
+    paged = make_paged_kv(batch, context, gen, device)
+    q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device=device, generator=gen)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    starts = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    args = (
+        q,
+        paged["key_cache"],
+        paged["value_cache"],
+        paged["block_table"],
+        lens,
+        starts,
+        torch.empty_like(q),
+        HEAD_SIZE**-0.5,
+    )
+    k_c, v_c = contiguous_kv(paged, batch, context)
+    # GQA packed as the kernel packs it: a KV head's query heads act as its query rows.
+    q_sdpa = q.view(batch, NUM_KV_HEADS, NUM_HEADS // NUM_KV_HEADS, HEAD_SIZE)
+
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q_sdpa, k_c, v_c, scale=HEAD_SIZE**-0.5)
+
+    nbytes = 2 * batch * context * NUM_KV_HEADS * HEAD_SIZE * DTYPE.itemsize
+    return {
+        "args": args,
+        "new_kv": {},
+        "hints": {"max_query_len": 1, "max_seq_len": context},
+        "sdpa": sdpa,
+        "expected": sdpa().reshape_as(q),
+        "bytes": nbytes + 2 * q.numel() * q.element_size(),
+        "batch": batch,
+        "context": context,
+        "name": f"B{batch} C{context}",
+    }

@@ -30,20 +30,17 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from minivllm.attention.triton_launch_config import AttentionLaunchConfig, select_config
 from minivllm.attention.triton_unified_attention import launch_unified_attention
 from minivllm.benchmarks.common import environment, measure_copy_bandwidth, require_gpu
-from minivllm.benchmarks.kernel import (
-    DTYPE,
+from minivllm.benchmarks.kernel import l2_flush
+from minivllm.benchmarks.kernel_inputs import (
     HEAD_SIZE,
     NUM_HEADS,
     NUM_KV_HEADS,
-    contiguous_kv,
-    l2_flush,
-    make_paged_kv,
-    step_qkv,
+    decode_case,
+    prefill_case,
 )
 
 # Where the cases live: the GPU; a CPU check of the sweep itself sets "cpu".
@@ -123,86 +120,6 @@ class Timer:
 
     def warm(self, fn: Callable[[], object]) -> float:
         return _graph_ms(fn, None, 3) / 3
-
-
-def _prefill_case(batch: int, prefix: int, new: int) -> dict:
-    """Inputs, SDPA's output and the FLOP count of one prefill shape."""
-    from torch.nn.attention.bias import causal_lower_right
-
-    seq_len = prefix + new
-    gen = torch.Generator(device=DEVICE).manual_seed(seq_len * 7 + batch)
-    paged = make_paged_kv(batch, seq_len, gen, DEVICE)
-    q, key, value = step_qkv(paged, batch, prefix, new, gen, DEVICE)
-    lens = torch.full((batch,), seq_len, dtype=torch.int32, device=DEVICE)
-    starts = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device=DEVICE)
-    args = (
-        q,
-        paged["key_cache"],
-        paged["value_cache"],
-        paged["block_table"],
-        lens,
-        starts,
-        torch.empty_like(q),
-        HEAD_SIZE**-0.5,
-    )
-    group = NUM_HEADS // NUM_KV_HEADS
-    k_c, v_c = (t.repeat_interleave(group, 1) for t in contiguous_kv(paged, batch, seq_len))
-    q_sdpa = q.view(batch, new, NUM_HEADS, HEAD_SIZE).transpose(1, 2)
-    mask = None if prefix == 0 else causal_lower_right(new, seq_len)
-
-    def sdpa() -> torch.Tensor:
-        return F.scaled_dot_product_attention(
-            q_sdpa, k_c, v_c, attn_mask=mask, is_causal=prefix == 0, scale=HEAD_SIZE**-0.5
-        )
-
-    expected = sdpa().transpose(1, 2).reshape_as(q)
-    visible = batch * (new * prefix + new * (new + 1) / 2)
-    return {
-        "args": args,
-        "new_kv": {"key": key, "value": value},
-        "hints": {"max_query_len": new, "max_seq_len": seq_len},
-        "sdpa": sdpa,
-        "expected": expected.reshape(q.shape),
-        "flops": 4.0 * NUM_HEADS * HEAD_SIZE * visible,
-        "name": f"B{batch} prefix {prefix} new {new}",
-    }
-
-
-def _decode_case(batch: int, context: int) -> dict:
-    gen = torch.Generator(device=DEVICE).manual_seed(batch * 100003 + context)
-    paged = make_paged_kv(batch, context, gen, DEVICE)
-    q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device=DEVICE, generator=gen)
-    lens = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
-    starts = torch.arange(batch + 1, dtype=torch.int32, device=DEVICE)
-    args = (
-        q,
-        paged["key_cache"],
-        paged["value_cache"],
-        paged["block_table"],
-        lens,
-        starts,
-        torch.empty_like(q),
-        HEAD_SIZE**-0.5,
-    )
-    k_c, v_c = contiguous_kv(paged, batch, context)
-    # GQA packed as the kernel packs it: a KV head's query heads act as its query rows.
-    q_sdpa = q.view(batch, NUM_KV_HEADS, NUM_HEADS // NUM_KV_HEADS, HEAD_SIZE)
-
-    def sdpa() -> torch.Tensor:
-        return F.scaled_dot_product_attention(q_sdpa, k_c, v_c, scale=HEAD_SIZE**-0.5)
-
-    nbytes = 2 * batch * context * NUM_KV_HEADS * HEAD_SIZE * DTYPE.itemsize
-    return {
-        "args": args,
-        "new_kv": {},
-        "hints": {"max_query_len": 1, "max_seq_len": context},
-        "sdpa": sdpa,
-        "expected": sdpa().reshape_as(q),
-        "bytes": nbytes + 2 * q.numel() * q.element_size(),
-        "batch": batch,
-        "context": context,
-        "name": f"B{batch} C{context}",
-    }
 
 
 def _run_config(case: dict, cfg: AttentionLaunchConfig, time_fn: Callable) -> dict:
@@ -307,7 +224,7 @@ def _print_row(kind: str, variant: str, row: dict) -> None:
 
 def sweep_prefill(sweep: Sweep, timer: Timer) -> None:
     """Each of ``PREFILL_VARIANTS`` on every prefill shape, TFLOP/s next to SDPA's."""
-    cases = [_prefill_case(*shape) for shape in PREFILLS]
+    cases = [prefill_case(*shape, DEVICE) for shape in PREFILLS]
     rows = sweep.results["prefill"] = []
     sweep.results["prefill_sdpa"] = sdpa = {}
     for case in cases:
@@ -345,7 +262,7 @@ def sweep_decode(sweep: Sweep, timer: Timer, copy_bw: float) -> None:
     for (batch, context), variants in DECODE_VARIANTS.items():
         if sweep.over(f"decode B{batch} C{context}"):
             return
-        case = _decode_case(batch, context)
+        case = decode_case(batch, context, DEVICE)
         sdpa_ms = timer.cold(case["sdpa"])
         sdpa[case["name"]] = {
             "ms": sdpa_ms,
