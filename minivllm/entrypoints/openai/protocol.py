@@ -18,11 +18,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+# Moved to engine_protocol.py; "X as X" re-exports them for code that imports them from here.
+from minivllm.entrypoints.openai.engine_protocol import ErrorInfo as ErrorInfo
+from minivllm.entrypoints.openai.engine_protocol import ErrorResponse as ErrorResponse
+from minivllm.entrypoints.openai.engine_protocol import ModelCard as ModelCard
+from minivllm.entrypoints.openai.engine_protocol import ModelList as ModelList
 from minivllm.entrypoints.openai.engine_protocol import (
-    ErrorInfo,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
     OpenAIBaseModel,
     OpenAIRequestModel,
     StreamOptions,
@@ -31,43 +32,6 @@ from minivllm.entrypoints.openai.engine_protocol import (
     random_uuid,
 )
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
-
-# The shared objects live in engine_protocol.py; importing them from here still works.
-__all__ = [
-    "ChatCompletionLogProb",
-    "ChatCompletionLogProbs",
-    "ChatCompletionLogProbsContent",
-    "ChatCompletionMessageParam",
-    "ChatCompletionRequest",
-    "ChatCompletionResponse",
-    "ChatCompletionResponseChoice",
-    "ChatCompletionResponseStreamChoice",
-    "ChatCompletionStreamResponse",
-    "ChatMessage",
-    "CompletionLogProbs",
-    "CompletionRequest",
-    "CompletionResponse",
-    "CompletionResponseChoice",
-    "CompletionResponseStreamChoice",
-    "CompletionStreamResponse",
-    "DeltaMessage",
-    "DetokenizeRequest",
-    "DetokenizeResponse",
-    "ErrorInfo",
-    "ErrorResponse",
-    "ModelCard",
-    "ModelList",
-    "OpenAIBaseModel",
-    "OpenAIRequestModel",
-    "StreamOptions",
-    "TokenizeChatRequest",
-    "TokenizeCompletionRequest",
-    "TokenizeRequest",
-    "TokenizeResponse",
-    "UsageInfo",
-    "get_max_tokens",
-    "random_uuid",
-]
 
 # What an omitted sampling field means (OpenAI's defaults; vLLM's _DEFAULT_SAMPLING_PARAMS).
 _DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
