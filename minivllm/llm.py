@@ -18,6 +18,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.utils.gc_utils import frozen_gc_heap
 
 
 class LLM:
@@ -156,7 +157,9 @@ class LLM:
                 "for concurrent requests)"
             )
         try:
-            return self._run_engine_locked(requests, use_tqdm)
+            # Full garbage-collection passes would walk every start-up object mid-run.
+            with frozen_gc_heap():
+                return self._run_engine_locked(requests, use_tqdm)
         finally:
             self._lock.release()
 
