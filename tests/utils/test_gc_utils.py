@@ -48,7 +48,8 @@ def test_generate_steps_with_the_heap_frozen(llm: LLM) -> None:
 
     llm.llm_engine.step = recording_step
     try:
-        llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}],
+                     SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     finally:
         del llm.llm_engine.step
     assert seen and all(count > 0 for count in seen)
