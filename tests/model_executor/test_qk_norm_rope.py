@@ -21,7 +21,7 @@ from minivllm.model_executor.layers.qk_norm_rope import (
     QKNormRotaryEmbedding,
 )
 from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
-from minivllm.model_executor.layers.triton_qk_norm_rope import qk_norm_rope
+from minivllm.model_executor.layers.triton_qk_norm_rope import heads_per_program, qk_norm_rope
 from tests.model_executor.test_custom_ops import DEVICE, TOL
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -37,8 +37,11 @@ def _inputs(dtype, head_size, num_heads, num_kv_heads, num_tokens=3, max_pos=409
     qkv = (torch.randn(num_tokens, q_size + 2 * kv_size, generator=gen) * 2).to(DEVICE, dtype)
     q_weight = (1 + 0.3 * torch.randn(head_size, generator=gen)).to(DEVICE, dtype)
     k_weight = (1 + 0.3 * torch.randn(head_size, generator=gen)).to(DEVICE, dtype)
-    # Far-apart positions in random order, the last one near the end of the cache.
-    positions = torch.tensor([17, max_pos - 1, 0, 1000, 5][:num_tokens], device=DEVICE)
+    # Far-apart positions in random order, the last one near the end of the cache (more
+    # tokens than five: random positions).
+    first = [17, max_pos - 1, 0, 1000, 5]
+    more = torch.randint(0, max_pos, (max(num_tokens - 5, 0),), generator=gen).tolist()
+    positions = torch.tensor((first + more)[:num_tokens], device=DEVICE)
     return qkv, q_weight, k_weight, positions
 
 
@@ -52,13 +55,17 @@ def _split(qkv, head_size, num_heads, num_kv_heads):
     return qkv.split([q_size, kv_size, kv_size], dim=-1)
 
 
+@pytest.mark.parametrize("num_tokens", [3, 17])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_size,num_heads,num_kv_heads", SHAPES)
-def test_fused_equals_the_three_kernels_it_replaces(dtype, head_size, num_heads, num_kv_heads):
+def test_fused_equals_the_three_kernels_it_replaces(dtype, head_size, num_heads, num_kv_heads,
+                                                    num_tokens):
     """As q norm, k norm, rotary run as separate kernels (the same bits in the
-    interpreter); in place; v untouched."""
+    interpreter); in place; v untouched; blocks of heads, partial ones where the head
+    count is no multiple of the block."""
     layer = _layer(head_size, dtype)
-    qkv, q_weight, k_weight, positions = _inputs(dtype, head_size, num_heads, num_kv_heads)
+    qkv, q_weight, k_weight, positions = _inputs(dtype, head_size, num_heads, num_kv_heads,
+                                                 num_tokens=num_tokens)
     unfused_qkv = qkv.clone()
     v_before = _split(qkv, head_size, num_heads, num_kv_heads)[2].clone()
     with CustomOp.force("cuda"):
@@ -172,3 +179,10 @@ def test_op_traces_with_fake_tensors():
             1e-6,
         )
     assert q.shape == (3, 64) and k.shape == (3, 32)
+
+
+def test_heads_per_program():
+    assert heads_per_program(16, 8) == 8  # two q blocks, one k block
+    assert heads_per_program(3, 1) == 4  # a partial block of q heads, one k head
+    assert heads_per_program(64, 8) == 8
+    assert heads_per_program(2, 2) == 2

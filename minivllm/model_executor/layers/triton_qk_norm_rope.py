@@ -13,11 +13,14 @@ Unfused, this is three launches per layer (the q norm, the k norm, the rotary ke
 each a few microseconds of mostly fixed cost for a few kilobytes of data; fused it is
 one, and the normalised q and k never make a round trip through memory.
 
-One program handles one head of one token (grid ``[T, Hq + Hk]``; one warp for heads of
-up to 256 values): it reads the head once as a row for the sum of squares, then as its
-two halves (``x_i`` and its neox partner ``x_{i + D/2}``, from L1), normalises,
-multiplies by the weight and rotates. A decode step of one token is then ``Hq + Hk``
-small programs spread over as many SMs, rather than one program doing every head.
+One program handles a block of up to eight heads of one token (grid
+``[T, ceil(Hq / 8) + ceil(Hk / 8)]``): it reads each head once as a row for the sum of
+squares, then as its two halves (``x_i`` and its neox partner ``x_{i + D/2}``, from L1),
+normalises, multiplies by the weight and rotates; the heads of a block share one load of
+the weight and of the token's cos/sin. An earlier version ran one one-warp program per
+head: a decode step of 256 tokens was then 6,144 programs, each a chain of dependent
+loads of 256 bytes, in two waves, and it was slower at every batch of eight tokens or
+more, several times slower on a long prefill (the Benchmarks chapter has the profile).
 
 Rounding is that of the two unfused kernels, step by step (``triton_layernorm.rms_norm``
 followed by ``triton_rotary.rotary_embedding``): the sum of squares is a ``tl.sum`` over a
@@ -49,52 +52,69 @@ def qk_norm_rope_kernel(
     key_stride,
     cache_stride,
     num_q_heads,
+    num_k_heads,
     head_size,
     eps,
     HEAD_SIZE: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    HEADS: tl.constexpr,
 ):
-    """Token ``program_id(0)``, head ``program_id(1)`` (q heads first, then k heads)."""
+    """Token ``program_id(0)``; ``program_id(1)`` is a block of ``HEADS`` heads, the q
+    heads' blocks first, then the k heads'."""
     token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    if head < num_q_heads:
-        row = query_ptr + token * query_stride + head * HEAD_SIZE
+    block = tl.program_id(1)
+    num_q_blocks = tl.cdiv(num_q_heads, HEADS)
+    if block < num_q_blocks:
+        first, count = block * HEADS, num_q_heads
+        base = query_ptr + token * query_stride
         weight_ptr = q_weight_ptr
     else:
-        row = key_ptr + token * key_stride + (head - num_q_heads) * HEAD_SIZE
+        first, count = (block - num_q_blocks) * HEADS, num_k_heads
+        base = key_ptr + token * key_stride
         weight_ptr = k_weight_ptr
     dtype = query_ptr.dtype.element_ty
     half: tl.constexpr = HEAD_SIZE // 2
 
-    # RMSNorm statistics over the whole head, as rms_norm_kernel computes them for a row.
-    d = tl.arange(0, BLOCK_D)
-    x = tl.load(row + d, mask=d < HEAD_SIZE, other=0.0).to(tl.float32)
-    # Divided by a runtime int, as there: the same division instruction.
-    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / head_size + eps)
+    heads = first + tl.arange(0, HEADS)
+    rows = base + heads[:, None] * HEAD_SIZE  # [HEADS, 1] pointers, one per head
+    head_mask = (heads < count)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    x = tl.load(rows + d, mask=head_mask & (d < HEAD_SIZE), other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / head_size + eps)[:, None]
 
-    # The two halves of the neox pairing, normalised with rms_norm_kernel's roundings.
     cols = tl.arange(0, BLOCK_HALF)
     mask = cols < half
-    x1 = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(row + half + cols, mask=mask, other=0.0).to(tl.float32)
-    w1 = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    w2 = tl.load(weight_ptr + half + cols, mask=mask, other=0.0).to(tl.float32)
+    both = head_mask & mask[None, :]
+    x1 = tl.load(rows + cols[None, :], mask=both, other=0.0).to(tl.float32)
+    x2 = tl.load(rows + half + cols[None, :], mask=both, other=0.0).to(tl.float32)
+    # The weight and the token's cos/sin are shared by every head of the block.
+    w1 = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(weight_ptr + half + cols, mask=mask, other=0.0).to(tl.float32)[None, :]
     x1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     x2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
 
-    # Rotate with rotary_embedding_kernel's roundings: cos/sin in the model dtype, each
-    # product and each sum rounded to it.
     pos = tl.load(positions_ptr + token).to(tl.int64)
     cache_row = cos_sin_cache_ptr + pos * cache_stride
-    cos = tl.load(cache_row + cols, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    cos = tl.load(cache_row + cols, mask=mask, other=0.0).to(dtype).to(tl.float32)[None, :]
     sin = tl.load(cache_row + half + cols, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    sin = sin[None, :]
     x1c = (x1 * cos).to(dtype).to(tl.float32)
     x2s = (x2 * sin).to(dtype).to(tl.float32)
     x2c = (x2 * cos).to(dtype).to(tl.float32)
     x1s = (x1 * sin).to(dtype).to(tl.float32)
-    tl.store(row + cols, (x1c - x2s).to(dtype), mask=mask)
-    tl.store(row + half + cols, (x2c + x1s).to(dtype), mask=mask)
+    tl.store(rows + cols[None, :], (x1c - x2s).to(dtype), mask=both)
+    tl.store(rows + half + cols[None, :], (x2c + x1s).to(dtype), mask=both)
+
+
+# Heads per program (at most; fewer when the model has fewer).
+HEADS_PER_PROGRAM = 8
+
+
+def heads_per_program(num_q_heads: int, num_k_heads: int) -> int:
+    """Heads one program normalises and rotates: a power of two up to
+    :data:`HEADS_PER_PROGRAM`, enough for the larger of the two head counts."""
+    return min(HEADS_PER_PROGRAM, triton.next_power_of_2(max(num_q_heads, num_k_heads)))
 
 
 def _qk_norm_rope_impl(
@@ -113,7 +133,9 @@ def _qk_norm_rope_impl(
     num_q_heads = query.shape[1] // head_size
     num_k_heads = key.shape[1] // head_size
     block = triton.next_power_of_2(head_size)
-    qk_norm_rope_kernel[(num_tokens, num_q_heads + num_k_heads)](
+    heads = heads_per_program(num_q_heads, num_k_heads)
+    grid = (num_tokens, triton.cdiv(num_q_heads, heads) + triton.cdiv(num_k_heads, heads))
+    qk_norm_rope_kernel[grid](
         positions,
         query,
         key,
@@ -124,13 +146,14 @@ def _qk_norm_rope_impl(
         key.stride(0),
         cos_sin_cache.stride(0),
         num_q_heads,
+        num_k_heads,
         head_size,
         epsilon,
         HEAD_SIZE=head_size,
         BLOCK_D=block,
         BLOCK_HALF=triton.next_power_of_2(head_size // 2),
-        # rms_norm_kernel's warp count for a row of this size (one warp up to 256 values).
-        num_warps=min(max(block // 256, 1), 8),
+        HEADS=heads,
+        num_warps=min(max(heads * block // 256, 1), 8),
     )
 
 
