@@ -63,6 +63,9 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-sampler", action="store_true",
                         help="run the temperature workload again with the sampler's one-pass "
                              "kernel off, then on again, same engine")
+    parser.add_argument("--step-timeline", action="store_true",
+                        help="one more temperature run with every step timed, then one under "
+                             "the profiler: where the whole run's time goes (one GPU only)")
     parser.add_argument("--cold", action="store_true",
                         help="as a new user meets it: fresh processes with an empty Triton "
                              "cache; start-up time cold and warm, first timed run vs second")
@@ -165,6 +168,8 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.tensor_parallel_size > 1:  # the model is in the workers, out of reach
         print(f"minivllm tp={args.tensor_parallel_size}: "
               f"{mini['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s", flush=True)
+        if args.step_timeline:  # it wraps the model runner, which lives in the workers here
+            print("--step-timeline skipped: it needs the in-process model runner (TP 1)")
         write_json(Path(args.output), result)
         llm.shutdown()
         return result
@@ -187,6 +192,10 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     write_json(Path(args.output), result)
     if args.compare_sync and llm.llm_engine.engine_core.engine_core.async_scheduling:
         result["sync"] = compare_sync(llm, workload, seconds)
+    if args.step_timeline:
+        from minivllm.benchmarks.step_timeline import run_step_timeline
+
+        result["step_timeline"] = run_step_timeline(llm, workload, SAMPLED_TEMPERATURE)
     if args.profile_dir:
         result["profile"] = profile_full_batch(llm, workload, Path(args.profile_dir),
                                                args.profile_temperature)
