@@ -33,6 +33,7 @@ from minivllm.config import (
 )
 from minivllm.distributed.utils import verify_tensor_parallel_size
 from minivllm.engine.hf_config import has_tokenizer, load_hf_config
+from minivllm.engine.usage import UsageContext, default_max_num_batched_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,9 @@ class EngineArgs:
             by default, and its CPU worker then sizes the cache from the NUMA node's
             memory (gpu_memory_utilization of it, less what the process uses).
         max_num_seqs: Most requests scheduled in one step.
-        max_num_batched_tokens: Most tokens in one step (default 8192, raised to
-            max_model_len when chunked prefill is off).
+        max_num_batched_tokens: Most tokens in one step; None: the default for the usage
+            context and the GPU (``usage.get_batch_defaults``), raised to max_model_len
+            when chunked prefill is off.
         max_model_len: Longest prompt + output (default: the model's
             max_position_embeddings).
         enable_prefix_caching: Reuse KV blocks of identical prefixes.
@@ -148,8 +150,11 @@ class EngineArgs:
         """The engine arguments of a namespace parsed with ``add_cli_args``."""
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
-    def create_engine_config(self) -> VllmConfig:
-        """Validate every argument and resolve defaults into a ``VllmConfig``."""
+    def create_engine_config(
+        self, usage_context: UsageContext = UsageContext.LLM_CLASS
+    ) -> VllmConfig:
+        """Validate every argument and resolve defaults into a ``VllmConfig``; the
+        ``usage_context`` (who builds the engine) picks the default token budget."""
         self._check_simple_args()
         speculative_config = self._resolve_speculative_config()
         device = self._resolve_device()
@@ -178,7 +183,9 @@ class EngineArgs:
             _resolve_draft_model_config(
                 speculative_config, model_config, self.tensor_parallel_size, device
             )
-        max_batched = self.max_num_batched_tokens or 8192
+        max_batched = self.max_num_batched_tokens or default_max_num_batched_tokens(
+            usage_context, device
+        )
         if not self.enable_chunked_prefill:
             max_batched = max(max_batched, max_model_len)
         return VllmConfig(

@@ -40,6 +40,7 @@ from minivllm.engine.input_processor import InputProcessor, PromptType
 from minivllm.engine.llm_engine import load_tokenizer
 from minivllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from minivllm.engine.parallel_sampling import ParentRequest
+from minivllm.engine.usage import UsageContext
 from minivllm.metrics.stats import IterationStats
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -60,7 +61,7 @@ class AsyncLLM:
 
     Args:
         vllm_config: The resolved configuration (the core builds its own from the same
-            ``engine_args``).
+            ``engine_args``, with this configuration's token budget).
         engine_args: The arguments the core process is started with.
         stat_loggers: Objects with ``record(scheduler_stats, iteration_stats)`` (and
             optionally ``log()``), called once per processed step.
@@ -83,9 +84,12 @@ class AsyncLLM:
         self.vllm_config = vllm_config
         self.model_name = model_name or engine_args.model
         self.tokenizer = load_tokenizer(vllm_config.model_config.tokenizer)
-        self.engine_core = AsyncMPClient(
-            engine_args_to_dict(engine_args), in_thread=not multiprocess
-        )
+        core_args = engine_args_to_dict(engine_args)
+        # The core resolves its configuration again without knowing who started it, so
+        # the budget the usage context chose here travels explicitly; else the core would
+        # take the LLM class's default and plan steps the front end did not.
+        core_args["max_num_batched_tokens"] = vllm_config.scheduler_config.max_num_batched_tokens
+        self.engine_core = AsyncMPClient(core_args, in_thread=not multiprocess)
         vllm_config.cache_config.num_kv_blocks = self.engine_core.num_kv_blocks
         self.input_processor = InputProcessor(
             vllm_config, self.tokenizer, self.engine_core.num_kv_blocks
@@ -110,11 +114,16 @@ class AsyncLLM:
         stat_loggers: Iterable[Any] | None = None,
         multiprocess: bool = True,
         model_name: str | None = None,
+        usage_context: UsageContext = UsageContext.OPENAI_API_SERVER,
     ) -> AsyncLLM:
-        """Validate the arguments (errors name the argument), then start the engine."""
-        return cls(
-            engine_args.create_engine_config(), engine_args, stat_loggers, multiprocess, model_name
-        )
+        """Validate the arguments (errors name the argument), then start the engine.
+
+        ``usage_context`` picks the default token budget; streaming to many clients is
+        the server's usage, so it is the default here (upstream's ``AsyncLLM`` takes the
+        same argument).
+        """
+        config = engine_args.create_engine_config(usage_context)
+        return cls(config, engine_args, stat_loggers, multiprocess, model_name)
 
     # ---- requests ---------------------------------------------------------------------
 

@@ -206,17 +206,18 @@ async def run_server_async(args: argparse.Namespace) -> None:
 
     from minivllm.engine.arg_utils import EngineArgs
     from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.engine.usage import UsageContext
     from minivllm.metrics.loggers import PrometheusStatLogger
 
     engine_args = EngineArgs.from_cli_args(args)
-    vllm_config = engine_args.create_engine_config()
+    vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
     # One name for the responses, /v1/models and the metrics' model_name label.
     args.served_model_name = args.served_model_name or [args.model]
     served_name = args.served_model_name[0]
     prometheus = PrometheusStatLogger(vllm_config, served_name)
-    engine = AsyncLLM.from_engine_args(
-        engine_args, stat_loggers=[prometheus], model_name=served_name
-    )
+    # Built from the configuration resolved above, as upstream's AsyncLLM.from_vllm_config:
+    # the metrics and the engine see the same one.
+    engine = AsyncLLM(vllm_config, engine_args, stat_loggers=[prometheus], model_name=served_name)
     try:
         app = build_app(engine, args, metrics_registry=prometheus.registry)
         config = uvicorn.Config(
