@@ -61,7 +61,11 @@ class StepTiming:
     mixed: bool  # some request ran more than one new token (a prompt or a chunk of one)
     execute_s: float | None = None  # host seconds inside execute_model_async
     host_s: float | None = None  # host seconds from this schedule() to the next
-    gpu_s: float | None = None  # GPU seconds between the events around the step
+    # GPU seconds between the events around the step. The start event fires once the GPU
+    # has finished the steps before, so this is the step's time on the GPU, including any
+    # moment the GPU idles because the host is still launching the step's kernels
+    # (compare execute_s; the profiler pass gives the time kernels really ran).
+    gpu_s: float | None = None
     gap_s: float | None = None  # GPU idle seconds before the next step's start event
     events: tuple[Any, Any] | None = None  # the two CUDA events, until resolved
 
