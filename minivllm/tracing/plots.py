@@ -122,7 +122,7 @@ def plot_batch_timeline(
         ax.scatter(preempted, total[preempted] + total.max() * 0.04, marker="v",
                    color=PREEMPT_COLOR, zorder=3, label="preemption")
     budget = tracer.max_num_batched_tokens
-    # A budget far above every batch (the default 8192) would only squash the bars.
+    # A budget far above every batch (a default of 8192 or 16384) would only squash the bars.
     show_budget = budget is not None and budget <= 2 * max(total.max(), 1)
     if show_budget:
         ax.axhline(budget, ls="--", lw=1, color="grey", label="token budget")
