@@ -10,8 +10,10 @@ import ast
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 import minivllm
 from minivllm.benchmarks.step_timeline import (
@@ -27,6 +29,7 @@ from minivllm.benchmarks.step_timeline_kernels import (
     KernelEvent,
     busy_and_gaps,
     kernel_class,
+    kernel_events,
     summarize_kernels,
 )
 from minivllm.benchmarks.workloads import Workload
@@ -182,6 +185,30 @@ def test_kernel_class_of_library_kernels(name: str, cls: str) -> None:
     assert kernel_class(name) == cls
 
 
+def test_kernel_events_reads_a_real_profile_and_keeps_gpu_events_only() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    # A CPU-only profile: the real kineto event API is read, and nothing is on a GPU.
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(4).add_(1)
+    assert kernel_events(prof) == []
+
+    def kineto(name: str, device, start: int, dur: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            name=lambda: name,
+            device_type=lambda: device,
+            start_ns=lambda: start,
+            duration_ns=lambda: dur,
+        )
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [kineto("k", cuda, 5, 7), kineto("aten::add", cpu, 1, 9), kineto("z", cuda, 9, 0)]
+    fake = SimpleNamespace(
+        profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events))
+    )
+    assert kernel_events(fake) == [KernelEvent("k", 5, 7)]
+
+
 def test_summarize_kernels_counts_overlaps_once() -> None:
     events = [
         KernelEvent("nvjet_a", 0, 10_000),
@@ -229,6 +256,35 @@ def test_step_timeline_on_the_cpu_records_every_step_once(llm) -> None:
     assert sum(b["steps"] for b in out["buckets"]) == out["totals"]["steps"]
     assert out["totals"]["gpu_s"] is None
     json.dumps(out)  # all of it goes into the result file
+
+
+class _FakeEvent:
+    """A recorded CUDA event at a known GPU time (seconds)."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def elapsed_time(self, later: _FakeEvent) -> float:
+        return (later.at - self.at) * 1e3  # milliseconds, as torch.cuda.Event's
+
+
+def test_resolve_turns_events_into_step_and_gap_times(monkeypatch) -> None:
+    # The GPU path without a GPU: events at known times, synchronize a no-op.
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    runner = SimpleNamespace(device=torch.device("cuda"))
+    core = SimpleNamespace(scheduler=object(), model_executor=SimpleNamespace(model_runner=runner))
+    timeline = StepTimeline(core)
+    assert timeline.use_events
+    spans = [(0.0, 0.5), (0.75, 1.0), (1.0, 2.0)]  # GPU time 0.5, 0.25, 1; gaps 0.25, 0
+    timeline.steps = [
+        StepTiming(10.0 + i, 4, 4, False, execute_s=0.125, events=(_FakeEvent(a), _FakeEvent(b)))
+        for i, (a, b) in enumerate(spans)
+    ]
+    steps = timeline.resolve(run_end=12.5)
+    assert [s.gpu_s for s in steps] == [0.5, 0.25, 1.0]
+    assert [s.gap_s for s in steps] == [0.25, 0.0, None]
+    assert [s.host_s for s in steps] == [1.0, 1.0, 0.5]
+    assert all(s.events is None for s in steps)  # the events are let go
 
 
 def test_step_timeline_restores_the_engine_when_the_run_fails(llm) -> None:
