@@ -39,7 +39,7 @@ from tests.tiny_models import make_tiny_model
 
 
 def _step(reqs: int, tokens: int, mixed: bool, gpu: float | None, gap: float | None) -> StepTiming:
-    # host_s and execute_s derived from gpu so each bucket's sums differ per field.
+    # The same host and queuing time in every step: their sums count the steps.
     return StepTiming(0.0, reqs, tokens, mixed, execute_s=0.25, host_s=1.0, gpu_s=gpu, gap_s=gap)
 
 
