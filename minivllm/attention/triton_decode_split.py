@@ -57,17 +57,23 @@ def num_multiprocessors(device: torch.device) -> int:
 
 
 def choose_num_segments(
-    num_active_programs: int, max_seq_len: int, num_sms: int, max_segments: int = MAX_SEGMENTS
+    num_active_programs: int,
+    max_seq_len: int,
+    num_sms: int,
+    max_segments: int = MAX_SEGMENTS,
+    split_below: int | None = None,
 ) -> int:
     """How many KV segments each (q-block, KV head) gets; 1 means "do not split".
 
     The rule: split only when the plain grid (``num_active_programs``, one per q-block and
-    KV head) cannot fill the GPU, and then use just enough segments to reach
+    KV head) is smaller than ``split_below`` programs (default: one per multiprocessor,
+    i.e. it cannot fill the GPU), and then use just enough segments to reach
     ``TARGET_PROGRAMS_PER_SM`` programs per multiprocessor, but never so many that a
     segment covers fewer than ``MIN_TOKENS_PER_SEGMENT`` keys. The result is a power of
     two in ``[1, max_segments]``.
     """
-    if num_active_programs <= 0 or num_active_programs >= num_sms:
+    threshold = num_sms if split_below is None else split_below
+    if num_active_programs <= 0 or num_active_programs >= threshold:
         return 1
     wanted = triton.cdiv(TARGET_PROGRAMS_PER_SM * num_sms, num_active_programs)
     by_length = max(1, max_seq_len // MIN_TOKENS_PER_SEGMENT)

@@ -44,10 +44,27 @@ class AttentionLaunchConfig:
 DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES = 64, 4, 2
 # From this many sequences on, decode uses longer key tiles with a deeper pipeline: with
 # ragged contexts (a continuous batch) they are 6-14% faster, with equal contexts within
-# 1-3% (docs/benchmarks/kernel_sweep_ragged.json).
-DECODE_LARGE_BATCH = 128
+# 1-3% (docs/benchmarks/kernel_sweep_ragged.json). First set at 128, where 64 x 2,048
+# equal contexts had shown the long tiles slower; at 96 sequences of 800 to 2,000 tokens
+# they took 0.93x the time, at 64 still more than the short ones
+# (docs/benchmarks/perf3/kernel_sweep_workload.json).
+DECODE_LARGE_BATCH = 96
+# A decode batch is split into KV segments while it has fewer programs than this many per
+# SM (see select_config).
+DECODE_SPLIT_PROGRAMS_PER_SM = 2
 DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES = 128, 4, 3
 PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES = 128, 128, 8, 2
+# Prefills whose sequences are all at most this long use smaller tiles. A prompt of a few
+# hundred tokens gives each program a loop of a few key tiles, too short for the deep
+# pipeline to pay for itself, and the 128 x 128 tiles' shared memory leaves room for one
+# program per SM, so many short programs run in many waves. On the throughput workload's
+# mixed steps (240 decodes beside prompt chunks of 100 to 1,024 tokens) the small tiles
+# take about 0.6x the time; on 4 x 4,096 they are on par, on 1 x 8,192 slower
+# (docs/benchmarks/perf3/kernel_sweep_prefill.json).
+PREFILL_SHORT_MAX_SEQ_LEN = 4096
+PREFILL_SHORT_BLOCK_M, PREFILL_SHORT_TILE_N, PREFILL_SHORT_WARPS, PREFILL_SHORT_STAGES = (
+    64, 64, 4, 3,
+)
 # Above this query length a q-block uses the prefill tile.
 PREFILL_MIN_QUERY_LEN = 32
 # A prefill whose chunk keys come through TMA descriptors keeps three K/V tiles in flight:
@@ -101,17 +118,28 @@ def select_config(
     Decode-like batches (short queries) use the smallest row tile the tensor cores
     accept, 16 rows, because only ``group`` rows per sequence carry a real query, with
     longer key tiles from ``DECODE_LARGE_BATCH`` sequences on; long queries use 128-row
-    tiles to reuse each K/V tile across many queries, and read their chunk's own keys
-    from this step's dense key/value tensors (``new_kv``) unless they split. Split-KV is
-    chosen by :func:`choose_num_segments` unless ``num_kv_splits`` forces it.
+    tiles to reuse each K/V tile across many queries (64-row tiles with 64 keys while no
+    sequence is longer than ``PREFILL_SHORT_MAX_SEQ_LEN``), and read their chunk's own
+    keys from this step's dense key/value tensors (``new_kv``) unless they split. Split-KV
+    is chosen by :func:`choose_num_segments` unless ``num_kv_splits`` forces it.
     """
     group = num_heads // num_kv_heads
     head_pad = triton.next_power_of_2(head_size)
-    block_m, tile_n, warps, stages = _family_tiles(max_query_len, num_seqs)
+    block_m, tile_n, warps, stages = _family_tiles(max_query_len, num_seqs, max_seq_len)
     block_m = max(block_m, triton.next_power_of_2(group))
     if num_kv_splits is None:
         active = max(num_seqs, triton.cdiv(num_tokens, block_m // group)) * num_kv_heads
-        segments = choose_num_segments(active, max_seq_len, num_multiprocessors(device))
+        sms = num_multiprocessors(device)
+        # A decode batch splits until it has DECODE_SPLIT_PROGRAMS_PER_SM programs per SM,
+        # not just one: at 32 sequences of 800 to 2,000 tokens (256 programs on 132 SMs)
+        # two segments took about 0.75x the time of one; at 64 (512 programs) splitting
+        # no longer paid (docs/benchmarks/perf3/kernel_sweep_workload.json). A prefill
+        # keeps the plain rule: splitting it gives up reading its chunk's keys densely.
+        decode = max_query_len < PREFILL_MIN_QUERY_LEN
+        segments = choose_num_segments(
+            active, max_seq_len, sms,
+            split_below=DECODE_SPLIT_PROGRAMS_PER_SM * sms if decode else None,
+        )
     else:
         segments = num_kv_splits
     # A prefill-sized launch without split-KV reads each chunk's own keys densely:
@@ -156,9 +184,14 @@ def tma_available(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def _family_tiles(max_query_len: int, num_seqs: int) -> tuple[int, int, int, int]:
+def _family_tiles(
+    max_query_len: int, num_seqs: int, max_seq_len: int
+) -> tuple[int, int, int, int]:
     """``(block_m, tile_n, num_warps, num_stages)`` of the batch's tile family."""
     if max_query_len >= PREFILL_MIN_QUERY_LEN:
+        if max_seq_len <= PREFILL_SHORT_MAX_SEQ_LEN:
+            return (PREFILL_SHORT_BLOCK_M, PREFILL_SHORT_TILE_N, PREFILL_SHORT_WARPS,
+                    PREFILL_SHORT_STAGES)
         return PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES
     if num_seqs >= DECODE_LARGE_BATCH:
         return 16, DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES
@@ -175,7 +208,7 @@ def launch_configs(
     device: torch.device,
 ) -> list[AttentionLaunchConfig]:
     """Every configuration :func:`select_config` can return for one model: each tile
-    family (small-batch decode, large-batch decode, prefill) with each
+    family (small-batch decode, large-batch decode, short and long prefill) with each
     split-KV segment count the heuristic can choose for contexts up to ``max_model_len``.
 
     Each is a separate compiled kernel (tiles and segments are ``tl.constexpr``), so the

@@ -18,6 +18,7 @@ from minivllm.attention import triton_launch_config as tlc
 from minivllm.attention import triton_unified_attention as tua
 from minivllm.attention.backends import triton_attn
 from minivllm.attention.triton_decode_split import (
+    CPU_FAKE_SM_COUNT,
     FUSED_MERGE_MAX_SEGMENTS,
     FUSED_MERGE_MIN_TOKENS,
     MAX_SEGMENTS,
@@ -190,6 +191,23 @@ def test_split_heuristic() -> None:
     for active in range(1, sms):
         n = choose_num_segments(active, 1 << 20, sms)
         assert n & (n - 1) == 0
+    # A raised threshold splits grids that fill the GPU once but not four times.
+    assert choose_num_segments(256, 2000, sms, split_below=4 * sms) == 2
+    assert choose_num_segments(4 * sms, 2000, sms, split_below=4 * sms) == 1
+
+
+def test_decode_batches_split_until_two_programs_per_sm(monkeypatch) -> None:
+    """select_config raises the threshold for decode batches only: 32 sequences of 8 KV
+    heads (256 programs, 132 SMs) split in two, 64 do not; a prefill with as many programs
+    does not (it would give up reading its chunk's keys densely)."""
+    monkeypatch.setattr(tlc, "num_multiprocessors", lambda device: 132)
+    kwargs = dict(num_heads=16, num_kv_heads=8, max_seq_len=2000, device=torch.device("cpu"))
+    decode = select_config(num_tokens=32, num_seqs=32, max_query_len=1, **kwargs)
+    assert decode.num_segments == 2 and decode.fused_reduce
+    assert select_config(num_tokens=64, num_seqs=64, max_query_len=1,
+                         **kwargs).num_segments == 1
+    prefill = select_config(num_tokens=1024, num_seqs=1, max_query_len=1024, **kwargs)
+    assert prefill.num_segments == 1 and prefill.new_kv != 0
 
 
 def test_large_batch_decode_config(monkeypatch) -> None:
@@ -346,8 +364,11 @@ def test_both_split_kv_merges_match_reference(fused: bool) -> None:
         _check_close(out, ref, torch.bfloat16)
 
 
-def test_fused_merge_only_for_long_decode_segments() -> None:
+def test_fused_merge_only_for_long_decode_segments(monkeypatch) -> None:
     # One KV head: a single sequence leaves the grid nearly empty, so it always splits.
+    # The interpreter's SM count on every device: with an H200's 132 SMs the long context
+    # would take MAX_SEGMENTS segments, which merge in the reduce kernel (next test).
+    monkeypatch.setattr(tlc, "num_multiprocessors", lambda device: CPU_FAKE_SM_COUNT)
     kwargs = dict(num_heads=2, num_kv_heads=1, device=torch.device(DEVICE))
     long = select_config(num_tokens=1, num_seqs=1, max_query_len=1, max_seq_len=32768,
                          **kwargs)
@@ -381,7 +402,8 @@ def test_many_segments_merge_in_the_reduce_kernel(monkeypatch) -> None:
 def test_long_prefills_read_their_chunk_through_tma_and_match_reference() -> None:
     """A prefill that does not split reads its chunk's keys through tensor descriptors
     with the deeper pipeline (exact on q-blocks that cross the diagonal mid-tile, over a
-    prefix); one that splits reads the cache with the plain prefill tile."""
+    prefix), with the small tiles when every sequence is short and the 128 x 128 tiles
+    when one is long; one that splits reads the cache with the plain prefill tile."""
     b = make_paged_batch([(0, 130), (20, 140)], block_size=16, num_kv_heads=1, group=2,
                          head_size=64, dtype=torch.bfloat16, device=DEVICE, seed=17)
     kwargs = dict(num_heads=2, num_kv_heads=1, max_query_len=140, max_seq_len=160,
@@ -389,9 +411,14 @@ def test_long_prefills_read_their_chunk_through_tma_and_match_reference() -> Non
     config = select_config(num_tokens=270, num_seqs=2, num_kv_splits=1, **kwargs)
     if tlc.tma_available(torch.device(DEVICE)):  # Hopper, or the interpreter
         assert config.new_kv == 2 and config.num_stages == tlc.PREFILL_DENSE_STAGES
-    assert config.block_m == tlc.PREFILL_BLOCK_M
+    assert (config.block_m, config.tile_n) == (tlc.PREFILL_SHORT_BLOCK_M,
+                                               tlc.PREFILL_SHORT_TILE_N)
+    long = select_config(num_tokens=270, num_seqs=2, num_kv_splits=1,
+                         **{**kwargs, "max_seq_len": tlc.PREFILL_SHORT_MAX_SEQ_LEN + 1})
+    assert (long.block_m, long.tile_n) == (tlc.PREFILL_BLOCK_M, tlc.PREFILL_TILE_N)
+    assert long.new_kv == config.new_kv
     split = select_config(num_tokens=270, num_seqs=2, num_kv_splits=2, **kwargs)
-    assert split.new_kv == 0 and split.num_stages == tlc.PREFILL_STAGES
+    assert split.new_kv == 0 and split.num_stages == tlc.PREFILL_SHORT_STAGES
     # float32 caches and padded heads were not measured through TMA: pointers.
     assert select_config(num_tokens=270, num_seqs=2, num_kv_splits=1,
                          **{**kwargs, "element_size": 4}).new_kv == 1
@@ -400,7 +427,7 @@ def test_long_prefills_read_their_chunk_through_tma_and_match_reference() -> Non
     _write_cache_both_ways(b)
     ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                     b.seq_lens, b.query_start_loc, b.scale)
-    for cfg in (config, split):
+    for cfg in (config, long, split):
         out = torch.full_like(b.query, float("nan"))
         tua.launch_unified_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                      b.seq_lens, b.query_start_loc, out, b.scale, cfg,

@@ -1,0 +1,268 @@
+"""Launch configurations on the batches the throughput workload really runs (GPU only).
+
+``python -m minivllm.benchmarks.kernel_sweep_workload OUT.json`` times the unified
+kernel's candidate configurations on two kinds of batch, and records for each batch what
+:func:`select_config` picks, so the rules in ``triton_launch_config.py`` and
+``triton_decode_split.py`` can be checked against the timings on other hardware.
+
+* **Prefill tiles** on six batches: the workload's mixed steps (240 decodes beside prompt
+  chunks of 100 to 1,024 tokens, 8,192 and 16,384 tokens in all), those prompt chunks
+  alone, and the long prefills of ``bench kernel`` (1 x 8,192, 4 x 4,096, 4 x 512 new
+  tokens over a 4,096-token prefix), each configuration reading the chunks' own keys both
+  ways (``new_kv`` 2, this step's keys through TMA, and 0, the block table).
+  ``kernel_sweep.py`` tuned the prefill tiles on one long prompt; the workload prefills
+  prompts of a few hundred tokens, where a program's loop over keys is a few tiles long
+  and the 128 x 128 tiles' shared memory leaves room for one program per SM.
+* **Decode segments** at the batch sizes the workload passes through as its requests
+  finish (16 to 128 sequences, contexts of 800 to 2,000 tokens): key tiles, pipeline
+  depth, split-KV segments and the two merges.
+
+Upstream picks its tiles from the head size and dtype alone (``_get_tile_size`` in
+``vllm/v1/attention/ops/triton_unified_attention.py``) and its split-KV segment count
+in the metadata builder (``vllm/v1/attention/backends/triton_attn.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+from minivllm.attention.triton_launch_config import AttentionLaunchConfig, select_config
+from minivllm.attention.triton_unified_attention import launch_unified_attention
+from minivllm.benchmarks.common import environment, measure_copy_bandwidth
+from minivllm.benchmarks.kernel import _bench_graph
+from minivllm.benchmarks.kernel_inputs import BLOCK_SIZE, DTYPE, HEAD_SIZE, NUM_HEADS, NUM_KV_HEADS
+from minivllm.utils.math_utils import cdiv
+
+CONFIGS = (  # block_m, tile_n, warps, stages
+    (128, 128, 8, 3),
+    (128, 128, 8, 2),
+    (128, 64, 8, 3),
+    (128, 64, 4, 3),
+    (128, 32, 4, 3),
+    (64, 128, 4, 3),
+    (64, 64, 4, 3),
+    (64, 64, 4, 2),
+    (64, 32, 4, 3),
+)
+NEW_KV_MODES = (2, 0)
+
+
+def workload_batches(seed: int = 1) -> dict[str, list[tuple[int, int]]]:
+    """``name -> [(cached context, new tokens), ...]`` for every batch of the sweep."""
+    rng = random.Random(seed)
+
+    def prompts(total: int) -> list[tuple[int, int]]:
+        seqs = []
+        while total > 0:
+            n = min(total, rng.randint(100, 1024))
+            seqs.append((0, n))
+            total -= n
+        return seqs
+
+    decodes = [(rng.randint(300, 1200), 1) for _ in range(240)]
+    return {
+        "mixed_8192": decodes + prompts(8192 - len(decodes)),
+        "mixed_16384": decodes + prompts(16384 - len(decodes)),
+        "prompts_8192": prompts(8192),
+        "long_1x8192": [(0, 8192)],
+        "long_4x4096": [(0, 4096)] * 4,
+        "chunked_4x4096_512": [(4096, 512)] * 4,
+    }
+
+
+def batch_inputs(seqs: list[tuple[int, int]], seed: int) -> dict:
+    """Launch arguments for one step over ``seqs``: a paged cache with shuffled blocks,
+    q/k/v as views of one projection output (the chunks' keys as written this step)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    blocks = [cdiv(c + n, BLOCK_SIZE) for c, n in seqs]
+    perm = torch.randperm(sum(blocks), device="cuda", generator=gen).to(torch.int32)
+    table = torch.zeros(len(seqs), max(blocks), dtype=torch.int32, device="cuda")
+    for i, row in enumerate(torch.split(perm, blocks)):
+        table[i, : len(row)] = row
+    shape = (sum(blocks), BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
+    key_cache = torch.randn(shape, dtype=DTYPE, device="cuda", generator=gen)
+    value_cache = torch.randn(shape, dtype=DTYPE, device="cuda", generator=gen)
+    tokens = sum(n for _, n in seqs)
+    width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
+    qkv = torch.randn(tokens, width, dtype=DTYPE, device="cuda", generator=gen)
+    kv = qkv[:, NUM_HEADS * HEAD_SIZE :].view(tokens, 2 * NUM_KV_HEADS, HEAD_SIZE)
+    starts = [0, *itertools.accumulate(n for _, n in seqs)]
+    return {
+        "query": qkv[:, : NUM_HEADS * HEAD_SIZE].reshape(tokens, NUM_HEADS, HEAD_SIZE),
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "block_table": table,
+        "seq_lens": torch.tensor([c + n for c, n in seqs], dtype=torch.int32, device="cuda"),
+        "query_start_loc": torch.tensor(starts, dtype=torch.int32, device="cuda"),
+        "key": kv[:, :NUM_KV_HEADS],
+        "value": kv[:, NUM_KV_HEADS:],
+    }
+
+
+def prefill_flops(seqs: list[tuple[int, int]]) -> float:
+    """FLOPs of causal attention over the batch (decodes included: one query each)."""
+    visible = sum(n * c + n * (n + 1) / 2 for c, n in seqs)
+    return 4.0 * NUM_HEADS * HEAD_SIZE * visible
+
+
+def time_config(inputs: dict, config: AttentionLaunchConfig) -> float:
+    """Device milliseconds of one launch (cold L2, launch overhead amortised)."""
+    out = torch.empty_like(inputs["query"])
+    args = (
+        inputs["query"],
+        inputs["key_cache"],
+        inputs["value_cache"],
+        inputs["block_table"],
+        inputs["seq_lens"],
+        inputs["query_start_loc"],
+        out,
+        HEAD_SIZE**-0.5,
+    )
+    return _bench_graph(
+        lambda: launch_unified_attention(*args, config, key=inputs["key"], value=inputs["value"])
+    )
+
+
+def sweep_batch(name: str, seqs: list[tuple[int, int]], seed: int) -> dict:
+    """Every configuration on one batch, and the one ``select_config`` picks."""
+    inputs = batch_inputs(seqs, seed)
+    flops = prefill_flops(seqs)
+    auto = select_config(
+        num_tokens=inputs["query"].shape[0],
+        num_seqs=len(seqs),
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        max_query_len=max(n for _, n in seqs),
+        max_seq_len=max(c + n for c, n in seqs),
+        device=torch.device("cuda"),
+        head_size=HEAD_SIZE,
+        element_size=DTYPE.itemsize,
+    )
+    rows = []
+    for (block_m, tile, warps, stages), new_kv in itertools.product(CONFIGS, NEW_KV_MODES):
+        config = AttentionLaunchConfig(block_m, tile, warps, stages, 1, new_kv=new_kv)
+        try:
+            ms = time_config(inputs, config)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory
+            rows.append({"config": config.__dict__, **config.__dict__, "error": repr(exc)[:200]})
+            continue
+        rows.append(
+            {
+                "config": config.__dict__,
+                **config.__dict__,  # flat too, so the docs can select rows by field
+                "ms": ms,
+                "tflops": flops / (ms * 1e-3) / 1e12,
+                "auto": config == auto,
+            }
+        )
+    best = min((r for r in rows if "ms" in r), key=lambda r: r["ms"])
+    picked = next((r for r in rows if r.get("auto")), None)
+    print(
+        f"{name}: best {best['config']} {best['ms'] * 1e3:.0f} us; select_config "
+        f"{auto} {picked['ms'] * 1e3 if picked else float('nan'):.0f} us",
+        flush=True,
+    )
+    return {
+        "num_seqs": len(seqs),
+        "num_tokens": inputs["query"].shape[0],
+        "max_query_len": max(n for _, n in seqs),
+        "max_seq_len": max(c + n for c, n in seqs),
+        "flops": flops,
+        "select_config": auto.__dict__,
+        "select_config_ms": picked["ms"] if picked else None,
+        "best_ms": best["ms"],
+        "best_config": best["config"],
+        "rows": rows,
+    }
+
+
+DECODE_BATCHES = (16, 32, 64, 96, 128)
+DECODE_CONFIGS = (  # tile_n, stages (4 warps, 16 rows: the decode family)
+    (64, 2),
+    (128, 3),
+    (128, 2),
+)
+DECODE_SEGMENTS = ((1, False), (2, False), (2, True), (4, False), (4, True))
+
+
+def sweep_decode_batch(batch: int, copy_bw: float, seed: int) -> dict:
+    """Decode configurations and segment counts on ``batch`` sequences whose contexts are
+    uniform in 800..2,000 tokens, and the one ``select_config`` picks."""
+    rng = random.Random(seed)
+    seqs = [(rng.randint(800, 2000), 1) for _ in range(batch)]
+    inputs = batch_inputs(seqs, seed)
+    nbytes = 2 * sum(c + n for c, n in seqs) * NUM_KV_HEADS * HEAD_SIZE * DTYPE.itemsize
+    auto = select_config(
+        num_tokens=batch,
+        num_seqs=batch,
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        max_query_len=1,
+        max_seq_len=max(c + n for c, n in seqs),
+        device=torch.device("cuda"),
+        head_size=HEAD_SIZE,
+        element_size=DTYPE.itemsize,
+    )
+    rows = []
+    configs = [
+        AttentionLaunchConfig(16, tile, 4, stages, segments, fused)
+        for (tile, stages), (segments, fused) in itertools.product(DECODE_CONFIGS, DECODE_SEGMENTS)
+    ]
+    for config in [*configs, auto] if auto not in configs else configs:
+        ms = time_config(inputs, config)
+        rows.append(
+            {
+                "config": config.__dict__,
+                **config.__dict__,  # flat too, so the docs can select rows by field
+                "ms": ms,
+                "auto": config == auto,
+                "pct_copy_bw": 100 * nbytes / (ms * 1e-3) / copy_bw,
+            }
+        )
+    best = min(rows, key=lambda r: r["ms"])
+    picked = next(r for r in rows if r["auto"])
+    print(
+        f"decode B{batch}: best {best['config']} {best['ms'] * 1e3:.0f} us; select_config "
+        f"{auto} {picked['ms'] * 1e3:.0f} us",
+        flush=True,
+    )
+    return {
+        "batch": batch,
+        "context": [800, 2000],
+        "select_config": auto.__dict__,
+        "select_config_ms": picked["ms"],
+        "select_config_pct_copy_bw": picked["pct_copy_bw"],
+        "best_ms": best["ms"],
+        "best_config": best["config"],
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    """Sweep every batch and write the JSON named on the command line."""
+    if not torch.cuda.is_available():
+        sys.exit("kernel_sweep_workload needs a CUDA GPU")
+    copy_bw = measure_copy_bandwidth()
+    result: dict = {
+        **environment(),
+        "copy_bandwidth_bytes_per_s": copy_bw,
+        "batches": {},
+        "decode": [],
+    }
+    for i, (name, seqs) in enumerate(workload_batches().items()):
+        result["batches"][name] = sweep_batch(name, seqs, seed=i)
+        torch.cuda.empty_cache()
+    for batch in DECODE_BATCHES:
+        result["decode"].append(sweep_decode_batch(batch, copy_bw, seed=batch))
+        torch.cuda.empty_cache()
+    Path(sys.argv[1]).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
