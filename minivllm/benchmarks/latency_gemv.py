@@ -31,10 +31,9 @@ from typing import Any
 
 from minivllm.benchmarks.common import environment, make_random_checkpoint
 from minivllm.benchmarks.throughput import DEFAULT_CHECKPOINT
-from minivllm.model_executor.layers.linear import DEFAULT_GEMV_MAX_M, GEMV_MAX_M_ENV
 from minivllm.model_executor.layers.norm_linear import NORM_GEMV_ENV
 from minivllm.model_executor.layers.qk_norm_rope import FUSED_QK_NORM_ROPE_ENV
-from minivllm.model_executor.layers.utils import PDL_ENV
+from minivllm.model_executor.layers.utils import DEFAULT_GEMV_MAX_M, GEMV_MAX_M_ENV, PDL_ENV
 
 # The environment of each side: kernel off, on, on with programmatic dependent launch, on
 # with the decoder layer's fusions undone (the default before them), on with only the

@@ -32,8 +32,8 @@ def kernel_warmup(runner: Any) -> None:
     linear layers' small-M kernels (Triton on a GPU only: the interpreter and the torch
     backend compile nothing)."""
     if runner.device.type == "cuda":
-        from minivllm.model_executor.layers.linear import warm_up_small_m_kernels
         from minivllm.model_executor.layers.norm_linear import warm_up_norm_gemv
+        from minivllm.model_executor.layers.utils import warm_up_small_m_kernels
 
         with torch.inference_mode():
             warm_up_small_m_kernels(runner.model)

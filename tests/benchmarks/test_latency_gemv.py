@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from minivllm.benchmarks import latency_gemv
-from minivllm.model_executor.layers.linear import GEMV_MAX_M_ENV
 from minivllm.model_executor.layers.norm_linear import NORM_GEMV_ENV
 from minivllm.model_executor.layers.qk_norm_rope import FUSED_QK_NORM_ROPE_ENV
-from minivllm.model_executor.layers.utils import PDL_ENV
+from minivllm.model_executor.layers.utils import GEMV_MAX_M_ENV, PDL_ENV
 
 
 def test_sides_get_only_their_switches_and_ratios_use_the_baseline(tmp_path, monkeypatch):

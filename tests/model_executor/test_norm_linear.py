@@ -13,11 +13,7 @@ import torch
 
 from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.layernorm import RMSNorm
-from minivllm.model_executor.layers.linear import (
-    GEMV_MAX_M_ENV,
-    ColumnParallelLinear,
-    RowParallelLinear,
-)
+from minivllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 from minivllm.model_executor.layers.norm_linear import (
     NORM_GEMV_DEFAULT,
     NORM_GEMV_ENV,
@@ -25,6 +21,7 @@ from minivllm.model_executor.layers.norm_linear import (
     warm_up_norm_gemv,
 )
 from minivllm.model_executor.layers.triton_norm_gemv import rms_norm_gemv
+from minivllm.model_executor.layers.utils import GEMV_MAX_M_ENV
 from tests.model_executor.paged_forward import PagedForward
 from tests.model_executor.test_custom_ops import DEVICE, TOL
 from tests.model_executor.test_models import NEXT_TOKENS, PROMPTS, _hf_logits, _load

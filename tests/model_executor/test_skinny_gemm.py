@@ -16,16 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.model_executor.custom_op import NATIVE_OPS_ENV, CustomOp
-from minivllm.model_executor.layers import linear, triton_skinny_gemm, utils
+from minivllm.model_executor.layers import triton_skinny_gemm, utils
 from minivllm.model_executor.layers.activation import SiluAndMul
-from minivllm.model_executor.layers.linear import (
+from minivllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+from minivllm.model_executor.layers.triton_skinny_gemm import launch_skinny_gemm, skinny_gemm
+from minivllm.model_executor.layers.utils import (
     GEMV_MAX_M_ENV,
-    ColumnParallelLinear,
-    RowParallelLinear,
+    GemvConfig,
+    default_config,
     gemv_max_m,
 )
-from minivllm.model_executor.layers.triton_skinny_gemm import launch_skinny_gemm, skinny_gemm
-from minivllm.model_executor.layers.utils import GemvConfig, default_config
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 CONFIGS = [
@@ -118,7 +118,7 @@ def test_down_proj_fuses_the_activation_only_into_the_kernel(monkeypatch):
         down.weight.copy_(torch.randn(24, 40, generator=gen) / 6)
         down.bias.copy_(torch.randn(24, generator=gen))
     act = SiluAndMul()
-    for rows in (2, linear.DEFAULT_GEMV_MAX_M + 1):
+    for rows in (2, utils.DEFAULT_GEMV_MAX_M + 1):
         gate_up = torch.randn(rows, 80, generator=gen).to(DEVICE)
         with CustomOp.force("native"):
             expected = down(act(gate_up))
@@ -159,7 +159,7 @@ def test_pdl_needs_the_switch_and_a_gpu(monkeypatch):
 
 def test_row_limit_reads_the_environment(monkeypatch):
     monkeypatch.delenv(GEMV_MAX_M_ENV, raising=False)
-    assert gemv_max_m() == linear.DEFAULT_GEMV_MAX_M
+    assert gemv_max_m() == utils.DEFAULT_GEMV_MAX_M
     monkeypatch.setenv(GEMV_MAX_M_ENV, "0")
     assert gemv_max_m() == 0
     monkeypatch.setenv(GEMV_MAX_M_ENV, "many")
@@ -193,7 +193,7 @@ def test_small_batches_take_the_kernel_large_ones_cublas(monkeypatch, layer_cls)
         layer.weight.copy_(torch.randn(40, 48, generator=gen))
         layer.bias.copy_(torch.randn(40, generator=gen))
     small = torch.randn(2, 48, generator=gen).to(DEVICE)
-    large = torch.randn(linear.DEFAULT_GEMV_MAX_M + 1, 48, generator=gen).to(DEVICE)
+    large = torch.randn(utils.DEFAULT_GEMV_MAX_M + 1, 48, generator=gen).to(DEVICE)
     with CustomOp.force("cuda"):
         out_small, out_large = layer(small), layer(large)
     assert calls == [2]
@@ -269,10 +269,10 @@ def test_warm_up_launches_each_layer_shape_at_one_two_and_three_rows(monkeypatch
     for layer in model:
         torch.nn.init.normal_(layer.weight)
     with CustomOp.force("cuda"):
-        assert linear.warm_up_small_m_kernels(model) == 9  # the row-parallel one gated too
+        assert utils.warm_up_small_m_kernels(model) == 9  # the row-parallel one gated too
     assert calls == [1, 2, 3] * 3
     monkeypatch.setenv(GEMV_MAX_M_ENV, "2")
     with CustomOp.force("cuda"):
-        assert linear.warm_up_small_m_kernels(model) == 6
+        assert utils.warm_up_small_m_kernels(model) == 6
     with CustomOp.force("native"):
-        assert linear.warm_up_small_m_kernels(model) == 0
+        assert utils.warm_up_small_m_kernels(model) == 0

@@ -25,7 +25,6 @@ never defers the bias add into a following fused kernel.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -43,27 +42,8 @@ from minivllm.distributed.parallel_state import (
 )
 from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.activation import SiluAndMul
-from minivllm.model_executor.layers.utils import kernel_wins
+from minivllm.model_executor.layers.utils import gemv_max_m, kernel_wins
 from minivllm.model_executor.weight_utils import check_shape
-
-#: Environment switch: the most rows (tokens) an input may have to use the small-M kernel;
-#: ``MINIVLLM_GEMV_MAX_M=0`` keeps every linear layer on ``F.linear``.
-GEMV_MAX_M_ENV = "MINIVLLM_GEMV_MAX_M"
-DEFAULT_GEMV_MAX_M = 8
-
-
-def gemv_max_m() -> int:
-    """The row limit of the small-M kernel: ``MINIVLLM_GEMV_MAX_M``, or the default."""
-    raw = os.environ.get(GEMV_MAX_M_ENV, "")
-    if raw == "":
-        return DEFAULT_GEMV_MAX_M
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{GEMV_MAX_M_ENV} must be an integer >= 0, got {raw!r}")
-    return value
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -400,43 +380,3 @@ class RowParallelLinear(LinearBase):
         if self.bias is not None:
             out = out + self.bias
         return out
-
-
-def warm_up_small_m_kernels(model: nn.Module) -> int:
-    """Compile every small-M kernel variant ``model``'s linear layers can launch.
-
-    The launch configuration depends on the row count only through "one or two rows" or
-    "more" (the kernel does not specialise on ``M`` itself), so running each distinct
-    layer shape at 1, 2 and 3 rows (row-parallel ones also with SiLU-and-mul fused)
-    compiles them all, before the engine serves and also
-    when it runs without CUDA graphs. Returns the number of launches (0 when the layers
-    do not use the kernel here).
-    """
-    from minivllm.model_executor.layers import triton_skinny_gemm  # Triton is optional
-
-    limit = gemv_max_m()
-    seen: set[tuple] = set()
-    launches = 0
-    for module in model.modules():
-        if not isinstance(module, LinearBase) or limit == 0:
-            continue
-        weight = module.weight
-        if CustomOp.selected_impl(weight.device) != "cuda":
-            continue
-        if not kernel_wins(*weight.shape, weight.device):
-            continue
-        # A row-parallel layer adds its bias after the all-reduce, not in the kernel.
-        bias = None if isinstance(module, RowParallelLinear) else module.bias
-        key = (tuple(weight.shape), weight.dtype, bias is not None, weight.device)
-        if key in seen:
-            continue
-        seen.add(key)
-        # A row-parallel layer may also be down_proj, which fuses SiLU-and-mul (gated).
-        for gated in (False, True) if isinstance(module, RowParallelLinear) else (False,):
-            for m in sorted({min(rows, limit) for rows in (1, 2, 3)}):
-                width = weight.shape[1] * (2 if gated else 1)
-                x = torch.zeros(m, width, dtype=weight.dtype, device=weight.device)
-                triton_skinny_gemm.skinny_gemm(x, weight, bias, gated)
-                launches += 1
-    return launches
-

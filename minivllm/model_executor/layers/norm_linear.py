@@ -23,7 +23,8 @@ from torch import nn
 
 from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.layernorm import RMSNorm
-from minivllm.model_executor.layers.linear import ColumnParallelLinear, gemv_max_m
+from minivllm.model_executor.layers.linear import ColumnParallelLinear
+from minivllm.model_executor.layers.utils import gemv_max_m
 
 #: Environment switch: ``1`` fuses the norm into the linear layer's kernel, ``0`` keeps
 #: them separate.

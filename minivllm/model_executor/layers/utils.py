@@ -9,7 +9,10 @@ general GEMM. minivllm makes the same decision for its Triton kernel
 upstream does: the kernel is code that stays right on every GPU, while these choices are
 measurements (an H200 sweep of Qwen3-0.6B's layers, ``minivllm/benchmarks/kernel_gemv.py``)
 that another GPU or model would redo. Nothing here needs Triton, so a layer decides
-whether it will use the kernel without importing it.
+whether it will use the kernel without importing it. The row limit a layer sends to the
+kernel (``gemv_max_m``, ``MINIVLLM_GEMV_MAX_M``) and the start-up compilation of every
+variant the layers can launch (``warm_up_small_m_kernels``) live here too, beside the
+decision they belong to, rather than in ``linear.py`` with the layers themselves.
 """
 
 from __future__ import annotations
@@ -19,11 +22,30 @@ import os
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 #: Whether Triton runs its kernels in the interpreter (``TRITON_INTERPRET=1``, the CPU):
 #: Triton reads the variable once, at import, and so does this module
 #: (tests/conftest.py sets it before either is imported).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+#: Environment switch: the most rows (tokens) an input may have to use the small-M kernel;
+#: ``MINIVLLM_GEMV_MAX_M=0`` keeps every linear layer on ``F.linear``.
+GEMV_MAX_M_ENV = "MINIVLLM_GEMV_MAX_M"
+DEFAULT_GEMV_MAX_M = 8
+
+
+def gemv_max_m() -> int:
+    """The row limit of the small-M kernel: ``MINIVLLM_GEMV_MAX_M``, or the default."""
+    raw = os.environ.get(GEMV_MAX_M_ENV, "")
+    if raw == "":
+        return DEFAULT_GEMV_MAX_M
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{GEMV_MAX_M_ENV} must be an integer >= 0, got {raw!r}")
+    return value
 #: ``MINIVLLM_GEMV_PDL=1``: launch with programmatic dependent launch (read once).
 PDL_ENV = "MINIVLLM_GEMV_PDL"
 _PDL_ENV = os.environ.get(PDL_ENV, "0")
@@ -105,3 +127,46 @@ def pdl_enabled(device: torch.device) -> bool:
     if device not in _pdl_capable:
         _pdl_capable[device] = torch.cuda.get_device_capability(device)[0] >= 9
     return _pdl_capable[device]
+
+
+def warm_up_small_m_kernels(model: nn.Module) -> int:
+    """Compile every small-M kernel variant ``model``'s linear layers can launch.
+
+    The launch configuration depends on the row count only through "one or two rows" or
+    "more" (the kernel does not specialise on ``M`` itself), so running each distinct
+    layer shape at 1, 2 and 3 rows (row-parallel ones also with SiLU-and-mul fused)
+    compiles them all, before the engine serves and also
+    when it runs without CUDA graphs. Returns the number of launches (0 when the layers
+    do not use the kernel here).
+    """
+    # Imported here: the layers import this module, and Triton is optional.
+    from minivllm.model_executor.custom_op import CustomOp
+    from minivllm.model_executor.layers import triton_skinny_gemm
+    from minivllm.model_executor.layers.linear import LinearBase, RowParallelLinear
+
+    limit = gemv_max_m()
+    seen: set[tuple] = set()
+    launches = 0
+    for module in model.modules():
+        if not isinstance(module, LinearBase) or limit == 0:
+            continue
+        weight = module.weight
+        if CustomOp.selected_impl(weight.device) != "cuda":
+            continue
+        if not kernel_wins(*weight.shape, weight.device):
+            continue
+        # A row-parallel layer adds its bias after the all-reduce, not in the kernel.
+        bias = None if isinstance(module, RowParallelLinear) else module.bias
+        key = (tuple(weight.shape), weight.dtype, bias is not None, weight.device)
+        if key in seen:
+            continue
+        seen.add(key)
+        # A row-parallel layer may also be down_proj, which fuses SiLU-and-mul (gated).
+        for gated in (False, True) if isinstance(module, RowParallelLinear) else (False,):
+            for m in sorted({min(rows, limit) for rows in (1, 2, 3)}):
+                width = weight.shape[1] * (2 if gated else 1)
+                x = torch.zeros(m, width, dtype=weight.dtype, device=weight.device)
+                triton_skinny_gemm.skinny_gemm(x, weight, bias, gated)
+                launches += 1
+    return launches
+
