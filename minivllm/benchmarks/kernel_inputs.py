@@ -77,6 +77,13 @@ def causal_flops(batch: int, prefix: int, new: int) -> float:
     return 4.0 * NUM_HEADS * HEAD_SIZE * visible
 
 
+def launcher_args(q: torch.Tensor, paged: dict, lens: torch.Tensor, starts: torch.Tensor) -> tuple:
+    """``launch_unified_attention``'s positional arguments for ``q`` over ``paged`` (a fresh
+    output, the model's softmax scale)."""
+    return (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens, starts,
+            torch.empty_like(q), HEAD_SIZE**-0.5)
+
+
 def prefill_case(batch: int, prefix: int, new: int, device: str = "cuda") -> dict:
     """One prefill shape as the variant sweep runs it: the launcher's arguments (``out``
     the seventh), this step's key/value, SDPA on the same keys and its output, the FLOPs."""
@@ -88,16 +95,7 @@ def prefill_case(batch: int, prefix: int, new: int, device: str = "cuda") -> dic
     q, key, value = step_qkv(paged, batch, prefix, new, gen, device)
     lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
     starts = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device=device)
-    args = (
-        q,
-        paged["key_cache"],
-        paged["value_cache"],
-        paged["block_table"],
-        lens,
-        starts,
-        torch.empty_like(q),
-        HEAD_SIZE**-0.5,
-    )
+    args = launcher_args(q, paged, lens, starts)
     group = NUM_HEADS // NUM_KV_HEADS
     k_c, v_c = (t.repeat_interleave(group, 1) for t in contiguous_kv(paged, batch, seq_len))
     q_sdpa = q.view(batch, new, NUM_HEADS, HEAD_SIZE).transpose(1, 2)
@@ -128,16 +126,7 @@ def decode_case(batch: int, context: int, device: str = "cuda") -> dict:
     q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device=device, generator=gen)
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     starts = torch.arange(batch + 1, dtype=torch.int32, device=device)
-    args = (
-        q,
-        paged["key_cache"],
-        paged["value_cache"],
-        paged["block_table"],
-        lens,
-        starts,
-        torch.empty_like(q),
-        HEAD_SIZE**-0.5,
-    )
+    args = launcher_args(q, paged, lens, starts)
     k_c, v_c = contiguous_kv(paged, batch, context)
     # GQA packed as the kernel packs it: a KV head's query heads act as its query rows.
     q_sdpa = q.view(batch, NUM_KV_HEADS, NUM_HEADS // NUM_KV_HEADS, HEAD_SIZE)
