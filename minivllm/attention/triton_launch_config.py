@@ -60,7 +60,7 @@ PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES = 128, 128, 8, 2
 # program per SM, so many short programs run in many waves. On the throughput workload's
 # mixed steps (240 decodes beside prompt chunks of 100 to 1,024 tokens) the small tiles
 # take about 0.6x the time; on 4 x 4,096 they are on par, on 1 x 8,192 slower
-# (docs/benchmarks/perf3/kernel_sweep_prefill.json).
+# (docs/benchmarks/perf3/kernel_sweep_workload.json).
 PREFILL_SHORT_MAX_SEQ_LEN = 4096
 PREFILL_SHORT_BLOCK_M, PREFILL_SHORT_TILE_N, PREFILL_SHORT_WARPS, PREFILL_SHORT_STAGES = (
     64, 64, 4, 3,
