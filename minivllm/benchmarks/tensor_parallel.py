@@ -24,6 +24,10 @@ for every sequence that diverges, the equivalence run records the top-2 logprobs
 both runs at the first divergent position (their gap is the logit gap: both logprobs
 share one normalizer), so the margin shows whether the divergence is a near-tie or a
 real error. The timed runs' sequences are compared too (tokens only).
+
+With ``--rank-standin`` a last TP=1 engine times a random model of one rank's shape of
+TP=N (``tensor_parallel_standin``): the ceiling of TP=N's speed-up from per-rank work
+alone. It needs one GPU only; where fewer than N are visible TP=N is skipped.
 """
 
 from __future__ import annotations
@@ -45,6 +49,16 @@ from minivllm.benchmarks.common import (
     make_random_checkpoint,
     timed,
     write_json,
+)
+from minivllm.benchmarks.tensor_parallel_standin import (
+    add_rank_standin_args,
+    check_standin_checkpoint,
+    model_shape,
+    rank_shape,
+    standin_figures,
+    standin_path,
+    standin_workload,
+    tpn_skip_reason,
 )
 from minivllm.benchmarks.throughput import (
     add_engine_bench_args,
@@ -106,13 +120,14 @@ def add_tp_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"time TP=N once more with {SYMM_MEM_ENV}=0 (NCCL all-reduce; a second engine)",
     )
+    add_rank_standin_args(parser)
     parser.add_argument(
         "--plot", default=None, help="PNG of the results (default: the JSON's path with .png)"
     )
 
 
-def make_qwen3_8b_checkpoint(path: Path) -> Path:
-    """The random-weight Qwen3-8B-shaped checkpoint at ``path``, made once.
+def make_qwen3_8b_checkpoint(path: Path, shape: dict[str, Any] = QWEN3_8B_SHAPE) -> Path:
+    """The random-weight Qwen3-8B-shaped checkpoint (or ``shape``'s) at ``path``, made once.
 
     ``make_random_checkpoint`` draws the weights on the GPU (seconds; a CPU would take
     minutes for 8 billion) and saves them with ``save_pretrained``; a marker written
@@ -121,7 +136,7 @@ def make_qwen3_8b_checkpoint(path: Path) -> Path:
     done = path / ".minivllm-complete"
     if done.is_file():
         return path
-    make_random_checkpoint(path, QWEN3_8B_SHAPE)
+    make_random_checkpoint(path, shape)
     done.write_text("saved\n")
     return path
 
@@ -233,13 +248,72 @@ def _versions() -> dict[str, Any]:
     return info
 
 
+def _run_tpn(
+    args: argparse.Namespace,
+    path: str,
+    workload: Workload,
+    equiv: Workload,
+    result: dict[str, Any],
+    out: Path,
+) -> tuple[dict[str, Any], list, list]:
+    """The TP=N engine (and ``--compare-all-reduce``'s second one), recorded in ``result``
+    and written at once, so a run stopped during TP=1 still leaves TP=N's figures."""
+    tp = args.tensor_parallel_size
+    tpn, tpn_out, tpn_equiv = run_engine(args, path, tp, workload, equiv)
+    tpn["symm_mem_allowed"] = os.environ.get(SYMM_MEM_ENV) != "0"
+    write_json(out, {**result, "incomplete": "TP=1 did not finish", "tpn": tpn})
+    if args.compare_all_reduce:
+        nccl, nccl_out = run_nccl_engine(args, path, tp, workload)
+        result.update(
+            tpn_nccl=nccl,
+            symm_mem_over_nccl=tpn["output_tokens_per_s"] / nccl["output_tokens_per_s"],
+            nccl_vs_symm_mem_greedy=compare_tokens(nccl_out, tpn_out),
+        )
+        print(f"TP={tp} symmetric memory / NCCL: {result['symm_mem_over_nccl']:.3f}x", flush=True)
+        write_json(out, {**result, "incomplete": "TP=1 did not finish", "tpn": tpn})
+    return tpn, tpn_out, tpn_equiv
+
+
+def run_rank_standin(
+    args: argparse.Namespace, shape: dict[str, Any], workload: Workload, tp1: dict[str, Any]
+) -> dict[str, Any]:
+    """``--rank-standin``: build (once) and time the model of one rank's shape at TP=1,
+    same workload and engine options; its figures and ``tp1_over_standin``.
+
+    Upstream's ``vllm bench`` has no such run: a measuring device of this project (see
+    ``tensor_parallel_standin``)."""
+    tp = args.tensor_parallel_size
+    path = standin_path(args, shape)
+    made, checkpoint_s = timed(make_qwen3_8b_checkpoint, path, shape)
+    check_standin_checkpoint(made, shape)
+    standin_load, wrapped = standin_workload(workload, shape["vocab_size"])
+    print(f"rank stand-in of TP={tp} at TP=1 ({made}):", flush=True)
+    figures, _, _ = run_engine(args, str(made), 1, standin_load, None)
+    standin = {
+        **standin_figures(figures, shape, tp, tp1),
+        "checkpoint": str(made),
+        "checkpoint_s": checkpoint_s,
+        "token_ids_wrapped": wrapped,
+    }
+    print(
+        f"one rank of TP={tp} alone at TP=1: {standin['output_tokens_per_s']:.0f} output "
+        f"tok/s; TP={tp} ceiling from per-rank work: {standin['tp1_over_standin']:.2f}x TP=1",
+        flush=True,
+    )
+    return standin
+
+
 def run_tp_bench(args: argparse.Namespace) -> dict[str, Any]:
-    """Run TP=N and TP=1 on the same workload; write the JSON (and the plot)."""
+    """Run TP=N and TP=1 on the same workload (and the rank stand-in with
+    ``--rank-standin``); write the JSON (and the plot, when TP=N ran)."""
     tp = args.tensor_parallel_size
     if tp < 2:
         raise ValueError(
             f"--tensor-parallel-size must be at least 2 to compare with TP=1, got {tp}"
         )
+    # Both checked before the (large) checkpoint is made: a refusal costs nothing.
+    skip_tpn = tpn_skip_reason(args, tp)
+    shape = rank_shape(model_shape(args, QWEN3_8B_SHAPE), tp) if args.rank_standin else None
     if args.model:
         path, checkpoint_s = args.model, 0.0
     else:
@@ -267,40 +341,38 @@ def run_tp_bench(args: argparse.Namespace) -> dict[str, Any]:
         },
     }
     out = Path(args.output)
-    tpn, tpn_out, tpn_equiv = run_engine(args, path, tp, workload, equiv)
-    tpn["symm_mem_allowed"] = os.environ.get(SYMM_MEM_ENV) != "0"
-    # Written now too, so a run stopped during TP=1 still leaves TP=N's figures.
-    write_json(out, {**result, "incomplete": "TP=1 did not finish", "tpn": tpn})
-    if args.compare_all_reduce:
-        nccl, nccl_out = run_nccl_engine(args, path, tp, workload)
+    if skip_tpn is None:
+        tpn, tpn_out, tpn_equiv = _run_tpn(args, path, workload, equiv, result, out)
+    else:
+        result["tpn_skipped"] = skip_tpn
+        print(skip_tpn, flush=True)
+    # Without TP=N the equivalence run would have nothing to be compared with.
+    tp1, tp1_out, tp1_equiv = run_engine(args, path, 1, workload, equiv if not skip_tpn else None)
+    result["tp1"] = tp1
+    if skip_tpn is None:
         result.update(
-            tpn_nccl=nccl,
-            symm_mem_over_nccl=tpn["output_tokens_per_s"] / nccl["output_tokens_per_s"],
-            nccl_vs_symm_mem_greedy=compare_tokens(nccl_out, tpn_out),
+            tpn=tpn,
+            tpn_over_tp1=tpn["output_tokens_per_s"] / tp1["output_tokens_per_s"],
+            target_tpn_over_tp1=1.6,
+            workload_greedy=compare_tokens(tp1_out, tpn_out),
+            equivalence={"max_tokens": args.equiv_max_tokens, **compare(tp1_equiv, tpn_equiv)},
         )
-        print(f"TP={tp} symmetric memory / NCCL: {result['symm_mem_over_nccl']:.3f}x", flush=True)
-        write_json(out, {**result, "incomplete": "TP=1 did not finish", "tpn": tpn})
-    tp1, tp1_out, tp1_equiv = run_engine(args, path, 1, workload, equiv)
-    result.update(
-        tp1=tp1,
-        tpn=tpn,
-        tpn_over_tp1=tpn["output_tokens_per_s"] / tp1["output_tokens_per_s"],
-        target_tpn_over_tp1=1.6,
-        workload_greedy=compare_tokens(tp1_out, tpn_out),
-        equivalence={"max_tokens": args.equiv_max_tokens, **compare(tp1_equiv, tpn_equiv)},
-    )
-    eq = result["equivalence"]
-    print(
-        f"TP={tp} / TP=1: {result['tpn_over_tp1']:.2f}x; identical greedy sequences: "
-        f"workload {result['workload_greedy']['num_identical']}/{len(tp1_out)}, "
-        f"equivalence run {eq['num_identical']}/{eq['num_prompts']} (largest TP=1 top-2 "
-        f"gap at a first divergence: {eq['max_tp1_margin']})",
-        flush=True,
-    )
+        eq = result["equivalence"]
+        print(
+            f"TP={tp} / TP=1: {result['tpn_over_tp1']:.2f}x; identical greedy sequences: "
+            f"workload {result['workload_greedy']['num_identical']}/{len(tp1_out)}, "
+            f"equivalence run {eq['num_identical']}/{eq['num_prompts']} (largest TP=1 top-2 "
+            f"gap at a first divergence: {eq['max_tp1_margin']})",
+            flush=True,
+        )
+    if shape is not None:
+        write_json(out, {**result, "incomplete": "the rank stand-in did not finish"})
+        result["rank_standin"] = run_rank_standin(args, shape, workload, tp1)
     write_json(out, result)
-    from minivllm.benchmarks.tensor_parallel_plot import plot_tp_results
+    if skip_tpn is None:
+        from minivllm.benchmarks.tensor_parallel_plot import plot_tp_results
 
-    plot_tp_results(result, Path(args.plot) if args.plot else out.with_suffix(".png"))
+        plot_tp_results(result, Path(args.plot) if args.plot else out.with_suffix(".png"))
     return result
 
 

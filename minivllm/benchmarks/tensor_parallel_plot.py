@@ -14,9 +14,9 @@ from typing import Any
 
 
 def plot_tp_results(result: dict[str, Any], out: Path) -> None:
-    """Left: output tokens/s of TP=1, TP=N (and TP=N with synchronous steps), with the
-    speed-up target. Right: TP=1's top-2 logprob gap at each first divergence of the
-    equivalence run, against its position."""
+    """Left: output tokens/s of TP=1, TP=N (and TP=N with synchronous steps, and the rank
+    stand-in of ``--rank-standin``), with the speed-up target. Right: TP=1's top-2
+    logprob gap at each first divergence of the equivalence run, against its position."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,6 +37,11 @@ def plot_tp_results(result: dict[str, Any], out: Path) -> None:
         names.append(f"TP={n}\nsync steps")
         values.append(tpn["sync"]["output_tokens_per_s"])
         colors.append("#aec7e8")
+    standin = result.get("rank_standin")
+    if standin:  # its ratio to TP=1 is TP=N's ceiling from per-rank work alone
+        names.append(f"one rank of\nTP={n} alone")
+        values.append(standin["output_tokens_per_s"])
+        colors.append("#2ca02c")
     bars = ax.bar(names, values, color=colors)
     for bar, value in zip(bars, values):
         ax.annotate(
