@@ -26,6 +26,7 @@ from minivllm.benchmarks.kernel_inputs import (
     HEAD_SIZE,
     NUM_HEADS,
     NUM_KV_HEADS,
+    launcher_args,
     make_paged_kv,
 )
 
@@ -46,8 +47,7 @@ def _decode_inputs(batch: int, context: int) -> tuple:
     q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
     lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-    return (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens, starts,
-            torch.empty_like(q), HEAD_SIZE**-0.5)
+    return launcher_args(q, paged, lens, starts)
 
 
 def sweep_decode(copy_bw: float) -> list[dict]:
@@ -84,8 +84,7 @@ def _ragged_decode_inputs(batch: int, lo: int, hi: int, seed: int) -> tuple[tupl
     paged = make_paged_kv(batch, hi, gen)
     q = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
     starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-    args = (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens, starts,
-            torch.empty_like(q), HEAD_SIZE**-0.5)
+    args = launcher_args(q, paged, lens, starts)
     return args, 2 * int(lens.sum()) * NUM_KV_HEADS * HEAD_SIZE * DTYPE.itemsize
 
 
@@ -144,8 +143,7 @@ def sweep_prefill(batch: int = 1, new: int = 8192) -> list[dict]:
     q = torch.randn(batch * new, NUM_HEADS, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
     lens = torch.full((batch,), new, dtype=torch.int32, device="cuda")
     starts = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device="cuda")
-    args = (q, paged["key_cache"], paged["value_cache"], paged["block_table"], lens, starts,
-            torch.empty_like(q), HEAD_SIZE**-0.5)
+    args = launcher_args(q, paged, lens, starts)
     flops = 4.0 * NUM_HEADS * HEAD_SIZE * batch * new * (new + 1) / 2
     rows = []
     for block_m, tile, warps, stages in PREFILL_CONFIGS:

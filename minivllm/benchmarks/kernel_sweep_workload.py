@@ -36,7 +36,14 @@ from minivllm.attention.triton_launch_config import AttentionLaunchConfig, selec
 from minivllm.attention.triton_unified_attention import launch_unified_attention
 from minivllm.benchmarks.common import environment, measure_copy_bandwidth
 from minivllm.benchmarks.kernel import _bench_graph
-from minivllm.benchmarks.kernel_inputs import BLOCK_SIZE, DTYPE, HEAD_SIZE, NUM_HEADS, NUM_KV_HEADS
+from minivllm.benchmarks.kernel_inputs import (
+    BLOCK_SIZE,
+    DTYPE,
+    HEAD_SIZE,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    launcher_args,
+)
 from minivllm.utils.math_utils import cdiv
 
 CONFIGS = (  # block_m, tile_n, warps, stages
@@ -111,30 +118,10 @@ def prefill_flops(seqs: list[tuple[int, int]]) -> float:
     return 4.0 * NUM_HEADS * HEAD_SIZE * visible
 
 
-def time_config(inputs: dict, config: AttentionLaunchConfig) -> float:
-    """Device milliseconds of one launch (cold L2, launch overhead amortised)."""
-    out = torch.empty_like(inputs["query"])
-    args = (
-        inputs["query"],
-        inputs["key_cache"],
-        inputs["value_cache"],
-        inputs["block_table"],
-        inputs["seq_lens"],
-        inputs["query_start_loc"],
-        out,
-        HEAD_SIZE**-0.5,
-    )
-    return _bench_graph(
-        lambda: launch_unified_attention(*args, config, key=inputs["key"], value=inputs["value"])
-    )
-
-
-def sweep_batch(name: str, seqs: list[tuple[int, int]], seed: int) -> dict:
-    """Every configuration on one batch, and the one ``select_config`` picks."""
-    inputs = batch_inputs(seqs, seed)
-    flops = prefill_flops(seqs)
-    auto = select_config(
-        num_tokens=inputs["query"].shape[0],
+def picked_config(seqs: list[tuple[int, int]]) -> AttentionLaunchConfig:
+    """What ``select_config`` picks for ``seqs`` on this GPU (host facts only)."""
+    return select_config(
+        num_tokens=sum(n for _, n in seqs),
         num_seqs=len(seqs),
         num_heads=NUM_HEADS,
         num_kv_heads=NUM_KV_HEADS,
@@ -144,22 +131,38 @@ def sweep_batch(name: str, seqs: list[tuple[int, int]], seed: int) -> dict:
         head_size=HEAD_SIZE,
         element_size=DTYPE.itemsize,
     )
+
+
+def config_row(config: AttentionLaunchConfig, **fields: object) -> dict:
+    """One timing row: the configuration nested and flat (the docs select rows by its
+    fields), then ``fields``."""
+    return {"config": config.__dict__, **config.__dict__, **fields}
+
+
+def time_config(inputs: dict, config: AttentionLaunchConfig) -> float:
+    """Device milliseconds of one launch (cold L2, launch overhead amortised)."""
+    paged = {name: inputs[name] for name in ("key_cache", "value_cache", "block_table")}
+    args = launcher_args(inputs["query"], paged, inputs["seq_lens"], inputs["query_start_loc"])
+    return _bench_graph(
+        lambda: launch_unified_attention(*args, config, key=inputs["key"], value=inputs["value"])
+    )
+
+
+def sweep_batch(name: str, seqs: list[tuple[int, int]], seed: int) -> dict:
+    """Every configuration on one batch, and the one ``select_config`` picks."""
+    inputs = batch_inputs(seqs, seed)
+    flops = prefill_flops(seqs)
+    auto = picked_config(seqs)
     rows = []
     for (block_m, tile, warps, stages), new_kv in itertools.product(CONFIGS, NEW_KV_MODES):
         config = AttentionLaunchConfig(block_m, tile, warps, stages, 1, new_kv=new_kv)
         try:
             ms = time_config(inputs, config)
         except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory
-            rows.append({"config": config.__dict__, **config.__dict__, "error": repr(exc)[:200]})
+            rows.append(config_row(config, error=repr(exc)[:200]))
             continue
         rows.append(
-            {
-                "config": config.__dict__,
-                **config.__dict__,  # flat too, so the docs can select rows by field
-                "ms": ms,
-                "tflops": flops / (ms * 1e-3) / 1e12,
-                "auto": config == auto,
-            }
+            config_row(config, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, auto=config == auto)
         )
     best = min((r for r in rows if "ms" in r), key=lambda r: r["ms"])
     picked = next((r for r in rows if r.get("auto")), None)
@@ -198,17 +201,7 @@ def sweep_decode_batch(batch: int, copy_bw: float, seed: int) -> dict:
     seqs = [(rng.randint(800, 2000), 1) for _ in range(batch)]
     inputs = batch_inputs(seqs, seed)
     nbytes = 2 * sum(c + n for c, n in seqs) * NUM_KV_HEADS * HEAD_SIZE * DTYPE.itemsize
-    auto = select_config(
-        num_tokens=batch,
-        num_seqs=batch,
-        num_heads=NUM_HEADS,
-        num_kv_heads=NUM_KV_HEADS,
-        max_query_len=1,
-        max_seq_len=max(c + n for c, n in seqs),
-        device=torch.device("cuda"),
-        head_size=HEAD_SIZE,
-        element_size=DTYPE.itemsize,
-    )
+    auto = picked_config(seqs)
     rows = []
     configs = [
         AttentionLaunchConfig(16, tile, 4, stages, segments, fused)
@@ -216,15 +209,8 @@ def sweep_decode_batch(batch: int, copy_bw: float, seed: int) -> dict:
     ]
     for config in [*configs, auto] if auto not in configs else configs:
         ms = time_config(inputs, config)
-        rows.append(
-            {
-                "config": config.__dict__,
-                **config.__dict__,  # flat too, so the docs can select rows by field
-                "ms": ms,
-                "auto": config == auto,
-                "pct_copy_bw": 100 * nbytes / (ms * 1e-3) / copy_bw,
-            }
-        )
+        pct = 100 * nbytes / (ms * 1e-3) / copy_bw
+        rows.append(config_row(config, ms=ms, auto=config == auto, pct_copy_bw=pct))
     best = min(rows, key=lambda r: r["ms"])
     picked = next(r for r in rows if r["auto"])
     print(
