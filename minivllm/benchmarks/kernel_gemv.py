@@ -8,7 +8,12 @@ layer shape (qkv 1024 -> 4096, o_proj 2048 -> 1024, gate_up 1024 -> 6144, down_p
 * ``F.linear`` (what the layers ran before, cuBLAS);
 * the kernel with the configuration the layers use (``default_config``);
 * with ``--sweep``, every candidate configuration of :data:`DOT_CONFIGS` and
-  :data:`FMA_CONFIGS` with every split-K count of the shape.
+  :data:`FMA_CONFIGS` with every split-K count of the shape; above 16 rows
+  (``--batches 32 64 128 256``, a busy server's decode steps) :data:`MID_CONFIGS` with
+  row blocks of :data:`MID_ROWS` instead;
+* with ``--gated down_proj``, that layer again on ``[gate | up]``: the kernel with
+  SiLU-and-mul fused into its loads against the activation kernel followed by cuBLAS,
+  as the layer runs either way.
 
 Timing: a CUDA graph of back-to-back calls, each on a different copy of the weight (enough
 copies to exceed the L2 cache several times), so every call streams its weight from HBM as
@@ -60,6 +65,15 @@ PREFETCH_SHORTLIST = (
     ((16, 128, 2, 4), True), ((32, 128, 4, 4), True), ((16, 256, 2, 3), True),
     ((4, 1024, 4, 2), False), ((8, 1024, 8, 2), False), ((4, 512, 4, 2), False),
 )  # fmt: skip
+# Decode batches above 16 rows (a busy server's steps): tensor-core tiles of BLOCK_M rows
+# (several programs share a weight tile across row blocks, the repeats served from L2).
+# (block_n, block_k, num_warps, num_stages); each tried with every row block of MID_ROWS
+# up to the batch, and every split of the shape.
+MID_CONFIGS = (
+    (16, 128, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3),
+    (16, 256, 4, 3), (32, 64, 4, 4), (64, 64, 4, 4),
+)  # fmt: skip
+MID_ROWS = (16, 32, 64, 128)
 L2_FLUSH_BYTES = 256 << 20  # rotate weight copies totalling at least this much
 
 
@@ -95,18 +109,22 @@ def _time_graph(calls: list[Callable[[], object]], replays: int = 10) -> float:
 class Shape:
     """Inputs for one (layer, M): ``x``, rotating weight copies, outputs, the reference."""
 
-    def __init__(self, name: str, n: int, k: int, m: int) -> None:
+    def __init__(self, name: str, n: int, k: int, m: int, gated: bool = False) -> None:
         gen = torch.Generator(device="cuda").manual_seed(n * 31 + k * 7 + m)
-        self.name, self.n, self.k, self.m = name, n, k, m
+        self.name, self.n, self.k, self.m, self.gated = name, n, k, m, gated
         self.weight_bytes = n * k * DTYPE.itemsize
         copies = max(2, -(-L2_FLUSH_BYTES // self.weight_bytes))
         w = torch.randn(n, k, dtype=DTYPE, device="cuda", generator=gen) * k**-0.5
         self.weights = [w] + [w.clone() for _ in range(copies - 1)]
-        self.x = torch.randn(m, k, dtype=DTYPE, device="cuda", generator=gen)
+        # gated: x is [gate | up], and the layer's input is silu(gate) * up (down_proj
+        # after gate_up_proj); torch then runs the activation kernel before cuBLAS.
+        self.x = torch.randn(m, 2 * k if gated else k, dtype=DTYPE, device="cuda", generator=gen)
         self.out = torch.empty(m, n, dtype=DTYPE, device="cuda")
-        self.reference = F.linear(self.x.float(), w.float())
+        x = self.x.float()
+        x = F.silu(x[:, :k]) * x[:, k:] if gated else x
+        self.reference = F.linear(x, w.float())
         self.calls = max(20, copies)
-        self.bytes = self.weight_bytes + (m * k + m * n) * DTYPE.itemsize
+        self.bytes = self.weight_bytes + (self.x.numel() + m * n) * DTYPE.itemsize
 
     def row(self, us: float, copy_bw: float) -> dict:
         """The timing as a result row (time, bandwidth, share of copy bandwidth)."""
@@ -118,7 +136,14 @@ class Shape:
         return [self.weights[i % len(self.weights)] for i in range(self.calls)]
 
     def time_torch(self) -> float:
-        """``F.linear`` (cuBLAS), microseconds per call."""
+        """``F.linear`` (cuBLAS), microseconds per call; with ``gated``, the layers'
+        SiLU-and-mul kernel first."""
+        if self.gated:
+            from minivllm.model_executor.layers.triton_activation import silu_and_mul
+
+            return _time_graph(
+                [lambda w=w: F.linear(silu_and_mul(self.x), w) for w in self._rotation()]
+            )
         return _time_graph([lambda w=w: F.linear(self.x, w) for w in self._rotation()])
 
     def check(self, launch: Callable[[torch.Tensor], None]) -> dict:
@@ -165,7 +190,7 @@ class Shape:
         from minivllm.model_executor.layers.triton_skinny_gemm import launch_skinny_gemm
 
         def launch(w: torch.Tensor) -> None:
-            launch_skinny_gemm(self.out, self.x, w, None, config)
+            launch_skinny_gemm(self.out, self.x, w, None, config, gated=self.gated)
 
         checked = self.check(launch)
         if config.pdl:
@@ -179,6 +204,8 @@ def candidate_configs(m: int, n: int) -> list:
     tensor-core and CUDA-core tilings alternating (so a time budget cuts both alike)."""
     from minivllm.model_executor.layers.utils import GemvConfig
 
+    if m > 16:
+        return mid_configs(m, n)
     bases = [(cfg, True) for cfg in DOT_CONFIGS]
     if m <= 4:
         block_m = triton_next_power_of_2(m)
@@ -196,25 +223,38 @@ def candidate_configs(m: int, n: int) -> list:
     return out
 
 
+def mid_configs(m: int, n: int) -> list:
+    """The candidates above 16 rows: :data:`MID_CONFIGS` with each row block of
+    :data:`MID_ROWS` that does not exceed the batch, and each split of the shape."""
+    from minivllm.model_executor.layers.utils import GemvConfig
+
+    rows = [r for r in MID_ROWS if r <= triton_next_power_of_2(m)]
+    return [GemvConfig(bn, bk, s, w, st, block_m=r)
+            for (bn, bk, w, st), r, s in itertools.product(MID_CONFIGS, rows, split_counts(n))
+            if s <= 4]  # fmt: skip
+
+
 def triton_next_power_of_2(m: int) -> int:
     """``triton.next_power_of_2`` without importing Triton in the parent of the compilers."""
     return 1 << max(0, m - 1).bit_length()
 
 
-def _compile_variants(jobs: list[tuple[int, dict]]) -> int:
+def _compile_variants(jobs: list[tuple[int, dict, bool]]) -> int:
     """Compile each ``(m, config)`` by launching it on small inputs that Triton specialises
     like the real shapes (every size a multiple of 16); runs in a worker process and fills
     Triton's on-disk cache, from which the timing process then loads every variant."""
     from minivllm.model_executor.layers.triton_skinny_gemm import launch_skinny_gemm
     from minivllm.model_executor.layers.utils import GemvConfig
 
-    x = torch.randn(8, 256, dtype=DTYPE, device="cuda")
+    x = torch.randn(8, 512, dtype=DTYPE, device="cuda")
     w = torch.randn(64, 256, dtype=DTYPE, device="cuda")
     out = torch.empty(8, 64, dtype=DTYPE, device="cuda")
     done = 0
-    for m, config in jobs:
+    for m, config, gated in jobs:
+        m = min(m, 8)  # M is not specialised on: a few rows compile the same variant
         try:
-            launch_skinny_gemm(out[:m], x[:m], w, None, GemvConfig(**config))
+            launch_skinny_gemm(out[:m], x[:m] if gated else x[:m, :256], w, None,
+                               GemvConfig(**config), gated=gated)  # fmt: skip
             done += 1
         except Exception:  # noqa: BLE001 - the sweep records the error when it meets it
             pass
@@ -222,7 +262,7 @@ def _compile_variants(jobs: list[tuple[int, dict]]) -> int:
     return done
 
 
-def compile_in_parallel(jobs: list[tuple[int, dict]], workers: int) -> float:
+def compile_in_parallel(jobs: list[tuple[int, dict, bool]], workers: int) -> float:
     """Compile the sweep's kernel variants in ``workers`` processes; seconds taken.
 
     Compilation, not timing, is what a sweep of a few hundred variants spends its time
@@ -243,14 +283,17 @@ def compile_in_parallel(jobs: list[tuple[int, dict]], workers: int) -> float:
     return time.monotonic() - start
 
 
-def _variants(args: argparse.Namespace) -> list[tuple[int, dict]]:
-    """The distinct compiled variants the sweep launches: (a representative M, config)."""
-    seen: dict[tuple, tuple[int, dict]] = {}
+def _variants(args: argparse.Namespace) -> list[tuple[int, dict, bool]]:
+    """The distinct compiled variants the sweep launches: (a representative M, config,
+    gated)."""
+    seen: dict[tuple, tuple[int, dict, bool]] = {}
     for m in args.batches:
-        for _, n, _ in SHAPES:
-            for cfg in candidate_configs(m, n):
-                block_m = 16 if cfg.use_dot else triton_next_power_of_2(m)
-                seen.setdefault((block_m, *cfg.__dict__.values()), (m, dict(cfg.__dict__)))
+        for name, n, _ in SHAPES:
+            for cfg, gated in itertools.product(candidate_configs(m, n), (False, True)):
+                if gated and name not in args.gated:
+                    continue
+                key = (cfg.rows_per_program(m), gated, *cfg.__dict__.values())
+                seen.setdefault(key, (m, dict(cfg.__dict__), gated))
     return list(seen.values())
 
 
@@ -273,13 +316,15 @@ def run(args: argparse.Namespace) -> dict:
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
     if args.sweep and args.compile_workers > 0:
         result["compile_s"] = compile_in_parallel(_variants(args), args.compile_workers)
-    shapes = [s for s in SHAPES if s[0] in args.layers]
+    shapes = [(*s, False) for s in SHAPES if s[0] in args.layers]
+    shapes += [(*s, True) for s in SHAPES if s[0] in args.gated]
     for m in args.batches:
-        for name, n, k in shapes:
-            shape = Shape(name, n, k, m)
+        for name, n, k, gated in shapes:
+            shape = Shape(name, n, k, m, gated)
             torch_us = shape.time_torch()
             row = {
-                "layer": name,
+                "layer": f"{name}_gated" if gated else name,
+                "gated": gated,
                 "n": n,
                 "k": k,
                 "m": m,
@@ -291,12 +336,12 @@ def run(args: argparse.Namespace) -> dict:
                 timed = shape.time_kernel(cfg)
             except Exception as exc:  # noqa: BLE001 - keep the torch figure and the sweep
                 row["kernel"] = {"config": cfg.__dict__, "error": repr(exc)[:300]}
-                print(f"M{m} {name}: default config failed: {exc!r}"[:300], flush=True)
+                print(f"M{m} {row['layer']}: default config failed: {exc!r}"[:300], flush=True)
             else:
                 row["kernel"] = {"config": cfg.__dict__, **timed, **shape.row(timed["us"], copy_bw)}
                 row["speedup"] = torch_us / timed["us"]
                 print(
-                    f"M{m} {name:13s} torch {torch_us:7.2f} us "
+                    f"M{m} {row['layer']:15s} torch {torch_us:7.2f} us "
                     f"({row['torch']['gb_per_s']:5.0f} GB/s)  kernel {timed['us']:7.2f} us "
                     f"({row['kernel']['gb_per_s']:5.0f} GB/s) x{row['speedup']:.2f} "
                     f"err {timed['max_rel_err']:.1e}",
@@ -349,6 +394,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--layers", nargs="+", default=[s[0] for s in SHAPES], choices=[s[0] for s in SHAPES]
     )
+    parser.add_argument(
+        "--gated", nargs="*", default=[], choices=["down_proj"],
+        help="also time these layers on [gate | up] with SiLU-and-mul fused (torch: the "
+        "activation kernel, then cuBLAS)",
+    )  # fmt: skip
     parser.add_argument(
         "--compile-workers",
         type=int,

@@ -65,6 +65,29 @@ def test_kernel_matches_linear_every_config(config, m):
     _assert_matches_linear(out, x, w, bias)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemvConfig(block_n=16, block_k=32),  # the default: row blocks of 16
+        GemvConfig(block_n=16, block_k=32, split_k=3, block_m=32),
+        GemvConfig(block_n=8, block_k=64, split_k=2, use_dot=False, block_m=16),
+    ],
+    ids=["rows16", "rows32-split3", "fma-rows16-split2"],
+)
+def test_rows_beyond_one_block_are_all_computed(config):
+    """More rows than one program holds (MINIVLLM_GEMV_MAX_M above 16): the grid's third
+    axis covers them in row blocks, each with its own split-K counters."""
+    gen = torch.Generator().manual_seed(40)
+    x = torch.randn(40, 100, generator=gen).to(DEVICE)
+    w = torch.randn(37, 100, generator=gen).to(DEVICE)
+    out = torch.full((40, 37), float("nan"), device=DEVICE)
+    launch_skinny_gemm(out, x, w, None, config)
+    _assert_matches_linear(out, x, w, None)
+    if config.split_k > 1:
+        _, counters = triton_skinny_gemm._workspaces[x.device]
+        assert int(counters.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_split_k_is_deterministic_and_resets_its_counters(dtype):
     gen = torch.Generator().manual_seed(0)

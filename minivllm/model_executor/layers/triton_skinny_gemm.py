@@ -20,7 +20,9 @@ matching ``[BLOCK_M, BLOCK_K]`` slice of ``x`` (all ``M`` rows at once: ``x`` is
 stays in cache), and accumulates ``x_tile @ w_tile^T`` in float32, either with
 ``tl.dot`` (tensor cores; ``BLOCK_M`` padded to 16) or with broadcast multiply-and-sum
 (CUDA cores; ``BLOCK_M`` = the next power of two of ``M``). Each element of ``W`` is read
-by exactly one program.
+by exactly one program per block of rows: more rows than one program holds are split
+into row blocks (``GemvConfig.block_m``, the grid's third axis), which read the same
+weight tile, the repeats from L2.
 
 Split-K. A narrow layer (``o_proj`` 2048 -> 1024, ``down_proj`` 3072 -> 1024) has few
 output tiles: 1024 / 16 = 64 programs cannot keep 132 SMs busy. With ``SPLIT_K > 1``
@@ -140,7 +142,8 @@ def skinny_gemm_kernel(
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
+    pid_m = tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M
     col_ok = cols < N
@@ -191,7 +194,8 @@ def skinny_gemm_kernel(
         # Every thread's partial must be written before the arrival is counted; the
         # counter's acq_rel atomic then publishes them to the program that arrives last.
         tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
+        counter = counter_ptr + pid_m * tl.num_programs(0) + pid_n  # one per output tile
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):  # fixed order: deterministic result
@@ -199,12 +203,12 @@ def skinny_gemm_kernel(
                 part_ptrs = partial_ptr + s * M * N + tile
                 total += tl.load(part_ptrs, mask=out_mask, other=0.0, cache_modifier=".cg")
             _store_output(out_ptr, total, bias_ptr, rows, cols, row_ok, col_ok, stride_om, HAS_BIAS)
-            tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch (graph replay)
+            tl.atomic_xchg(counter, 0)  # ready for the next launch (graph replay)
 
 
 # The split-K workspace: float32 partials and one arrival counter per output tile, per
 # device. Fixed sizes, so a captured graph's pointers stay valid for the process's life.
-WORKSPACE_FLOATS = 1 << 20  # 4 MiB: e.g. split 8 x 16 rows x 8192 columns
+WORKSPACE_FLOATS = 1 << 22  # 16 MiB: e.g. split 4 x 256 rows x 4096 columns
 NUM_COUNTERS = 4096
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -261,16 +265,17 @@ def launch_skinny_gemm(
     n = weight.shape[0]
     split = config.split_k
     tiles = triton.cdiv(n, config.block_n)
+    block_m = config.rows_per_program(m)
+    row_blocks = triton.cdiv(m, block_m)
     ws = _workspace(x.device) if split > 1 else None
-    if ws is None or split * m * n > WORKSPACE_FLOATS or tiles > NUM_COUNTERS:
+    if ws is None or split * m * n > WORKSPACE_FLOATS or tiles * row_blocks > NUM_COUNTERS:
         split, ws = 1, None
     if norm is not None and (split != 1 or config.block_k < k or gated):
         raise ValueError(f"a norm prologue needs one unsplit step over K={k}, got {config}")
     residual = norm.residual if norm is not None and norm.residual is not None else None
     partial, counters = ws if ws is not None else (out, out)  # unused when split == 1
     k_per_split = triton.cdiv(triton.cdiv(k, split), config.block_k) * config.block_k
-    block_m = 16 if config.use_dot else max(1, triton.next_power_of_2(m))
-    skinny_gemm_kernel[(tiles, split)](
+    skinny_gemm_kernel[(tiles, split, row_blocks)](
         x, weight, bias if bias is not None else weight, out, partial, counters,
         residual if residual is not None else x,
         norm.residual_out if residual is not None else x,

@@ -77,6 +77,14 @@ class GemvConfig:
     use_dot: bool = True
     prefetch: bool = False
     pdl: bool = False
+    block_m: int = 0
+
+    def rows_per_program(self, m: int) -> int:
+        """``BLOCK_M``: ``block_m`` if set, else all ``m`` rows in one program (16, the
+        smallest tensor-core tile, with ``use_dot``; the next power of two without)."""
+        if self.block_m:
+            return self.block_m
+        return 16 if self.use_dot else max(1, 1 << (m - 1).bit_length())
 
 
 def default_config(m: int, n: int, k: int, pdl: bool = False) -> GemvConfig:
