@@ -5,15 +5,41 @@ Upstream counterpart: ``vllm/model_executor/layers/attention/attention.py``
 KV cache (bound by the model runner once the cache is allocated) and reads the batch
 layout from the forward context. Each call does the two things paged attention is made
 of: write this step's K/V into the cache, then attend over the cache.
+
+The first of the two may have been done already: an op that runs just before attention
+and holds k (Qwen3's fused q/k norm + RoPE kernel) can store k and v into the cache in
+its own launch, saving one launch per layer and step. The layer hands such an op what it
+needs (:meth:`Attention.fusable_kv_cache_update`) and takes back the proof that it was
+done (``forward``'s ``kv_cache_updated``). Upstream splits the cache write out of
+attention for the same reason (``forward_includes_kv_cache_update = False`` and
+``do_kv_cache_update`` in ``vllm/v1/attention/backends/triton_attn.py``), so that the
+compiler pass ``vllm/compilation/passes/fusion/rope_kvcache_fusion.py`` can fuse it
+with RoPE.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from minivllm.attention.selector import AttentionBackend
 from minivllm.forward_context import get_forward_context
+
+
+class KVCacheUpdate(NamedTuple):
+    """Where one layer's K/V of this step go: its cache pair and the step's slot mapping.
+
+    Handed out by :meth:`Attention.fusable_kv_cache_update` to the op that will write the
+    cache itself, and handed back to :meth:`Attention.forward` (``kv_cache_updated``) by
+    the caller once that op ran. The layer checks by identity that it is its own, of
+    this step, so a stale or foreign one fails loudly instead of skipping a write.
+    """
+
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    slot_mapping: torch.Tensor
 
 
 class Attention(nn.Module):
@@ -50,13 +76,40 @@ class Attention(nn.Module):
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.backend: AttentionBackend | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def fusable_kv_cache_update(self) -> KVCacheUpdate | None:
+        """What an op fused before attention needs to write this step's K/V to the cache
+        itself, or None when ``forward`` must write them (then pass it nothing).
+
+        None during the memory-profiling run (no metadata: nothing may be written), before
+        the cache is bound, and with any backend but Triton: the torch backend is the
+        oracle the kernels are checked against, so it keeps its own cache write (as
+        upstream fuses only for backends whose ``fused_rope_kvcache_supported`` says so).
+        Host-side only: no device work, no sync, the same answer at every CUDA-graph
+        replay of a captured step.
+        """
+        attn_metadata = get_forward_context().attn_metadata
+        if attn_metadata is None or self.kv_cache is None or self.backend is None:
+            return None
+        if self.backend.name != "triton":
+            return None
+        return KVCacheUpdate(*self.kv_cache, attn_metadata.slot_mapping)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache_updated: KVCacheUpdate | None = None,
+    ) -> torch.Tensor:
         """Attend.
 
         Args:
             q: ``[num_tokens, num_heads * head_size]``.
             k: ``[num_tokens, num_kv_heads * head_size]``.
             v: ``[num_tokens, num_kv_heads * head_size]``.
+            kv_cache_updated: The :meth:`fusable_kv_cache_update` of this step when an op
+                already wrote ``k`` and ``v`` there (the write is skipped); None to have
+                them written here.
 
         Returns:
             ``[num_tokens, num_heads * head_size]``.
@@ -64,6 +117,8 @@ class Attention(nn.Module):
         num_tokens = q.shape[0]
         attn_metadata = get_forward_context().attn_metadata
         if attn_metadata is None:
+            if kv_cache_updated is not None:
+                raise ValueError(f"{self.prefix}: no step is running, so no cache was written")
             # Memory-profiling run: there is no cache yet. Upstream backends also
             # return early here; the projections around attention dominate the
             # activation memory being measured.
@@ -74,7 +129,17 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_size)
         v = v.view(num_tokens, self.num_kv_heads, self.head_size)
         key_cache, value_cache = self.kv_cache
-        self.backend.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
+        if kv_cache_updated is None:
+            self.backend.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
+        elif not (
+            kv_cache_updated.key_cache is key_cache
+            and kv_cache_updated.value_cache is value_cache
+            and kv_cache_updated.slot_mapping is attn_metadata.slot_mapping
+        ):
+            raise ValueError(
+                f"{self.prefix}: kv_cache_updated is not this layer's cache update of this "
+                "step (take it from fusable_kv_cache_update of this layer, in this step)"
+            )
         out = self.backend.paged_attention(
             q,
             key_cache,

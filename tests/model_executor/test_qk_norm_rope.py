@@ -3,7 +3,9 @@
 The fused kernel is held to two references: the three kernels it replaces (RMSNorm over
 the q heads, over the k heads, then the rotary kernel), bit for bit in the interpreter,
 since it rounds at the same places; and the torch definition (RMSNorm then RoPE in
-torch), within the tolerances of tests/model_executor/test_custom_ops.py. On the CPU the
+torch), within the tolerances of tests/model_executor/test_custom_ops.py. Its paged
+KV-cache write is held to ``reshape_and_cache`` run after it, bit for bit on any device
+(it stores the values it also writes to k, so no reduction order enters). On the CPU the
 kernels run through ``TRITON_INTERPRET=1`` (tests/conftest.py), forced with
 ``CustomOp.force``; on a GPU the same tests run the compiled kernels, where the fused and
 the unfused kernels agree within those tolerances but not bit for bit: Triton picks each
@@ -15,13 +17,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minivllm.attention.backends.triton_attn import reshape_and_cache
+from minivllm.attention.layer import KVCacheUpdate
 from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.qk_norm_rope import (
     FUSED_QK_NORM_ROPE_ENV,
     QKNormRotaryEmbedding,
 )
 from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
-from minivllm.model_executor.layers.triton_qk_norm_rope import heads_per_program, qk_norm_rope
+from minivllm.model_executor.layers.triton_qk_norm_rope import (
+    heads_per_program,
+    qk_norm_rope,
+    qk_norm_rope_kv_cache,
+)
 from tests.model_executor.test_custom_ops import DEVICE, TOL
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -70,9 +78,9 @@ def test_fused_equals_the_three_kernels_it_replaces(dtype, head_size, num_heads,
     v_before = _split(qkv, head_size, num_heads, num_kv_heads)[2].clone()
     with CustomOp.force("cuda"):
         q, k, _ = _split(unfused_qkv, head_size, num_heads, num_kv_heads)
-        q_ref, k_ref = layer.forward_unfused(positions, q, k, q_weight, k_weight)
+        q_ref, k_ref, _ = layer.forward_unfused(positions, q, k, q_weight, k_weight)
         q, k, v = _split(qkv, head_size, num_heads, num_kv_heads)
-        q_out, k_out = layer(positions, q, k, q_weight, k_weight)
+        q_out, k_out, _ = layer(positions, q, k, q_weight, k_weight)
     assert layer._forward_method == layer.forward_cuda
     assert q_out.data_ptr() == q.data_ptr() and k_out.data_ptr() == k.data_ptr()
     if DEVICE.type == "cpu":
@@ -92,10 +100,10 @@ def test_fused_matches_norm_then_rope_in_torch(dtype, head_size, num_heads, num_
     )
     with CustomOp.force("native"):
         q, k, _ = _split(qkv.clone(), head_size, num_heads, num_kv_heads)
-        q_native, k_native = layer(positions, q, k, q_weight, k_weight)
+        q_native, k_native, _ = layer(positions, q, k, q_weight, k_weight)
     with CustomOp.force("cuda"):
         q, k, _ = _split(qkv, head_size, num_heads, num_kv_heads)
-        q_out, k_out = layer(positions.to(torch.int32), q, k, q_weight, k_weight)
+        q_out, k_out, _ = layer(positions.to(torch.int32), q, k, q_weight, k_weight)
     torch.testing.assert_close(q_out, q_native, **TOL[dtype])
     torch.testing.assert_close(k_out, k_native, **TOL[dtype])
 
@@ -121,7 +129,7 @@ def test_native_is_rms_norm_then_rotary_of_the_layers():
             q_norm(q.reshape(3, -1, head_size)).view(3, -1),
             k_norm(k.reshape(3, -1, head_size)).view(3, -1),
         )
-        actual = layer(positions, q, k, q_weight, k_weight)
+        actual = layer(positions, q, k, q_weight, k_weight)[:2]
     assert all(torch.equal(a, e) for a, e in zip(actual, expected, strict=True))
 
 
@@ -186,3 +194,175 @@ def test_heads_per_program():
     assert heads_per_program(3, 1) == 4  # a partial block of q heads, one k head
     assert heads_per_program(64, 8) == 8
     assert heads_per_program(2, 2) == 2
+
+
+def _caches(num_blocks, block_size, num_kv_heads, head_size, dtype, seed=0):
+    """A key/value cache pair of random contents (so an unwanted store shows) that share a
+    strided layout: halves of one ``[blocks, 2, block_size, heads, head_size + 16]``
+    allocation, as a view that is contiguous in its last dim only."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (num_blocks, 2, block_size, num_kv_heads, head_size + 16)
+    both = torch.randn(shape, generator=gen).to(DEVICE, dtype)[..., :head_size]
+    return both[:, 0], both[:, 1]
+
+
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+     (torch.float32, torch.float32), (torch.float32, torch.bfloat16)],
+)  # fmt: skip
+@pytest.mark.parametrize("head_size,num_heads,num_kv_heads", SHAPES)
+def test_fused_cache_write_equals_reshape_and_cache(
+    dtype, cache_dtype, head_size, num_heads, num_kv_heads
+):
+    """The same q, k and cache bits as the fused kernel followed by reshape_and_cache:
+    scattered slots over a strided cache, padding slots (-1) that write nothing, and a
+    cache dtype narrower than the activations (both cast on the store)."""
+    num_tokens, block_size, num_blocks = 9, 4, 5
+    qkv, q_weight, k_weight, positions = _inputs(
+        dtype, head_size, num_heads, num_kv_heads, num_tokens=num_tokens, seed=2
+    )
+    layer = _layer(head_size, dtype)
+    slots = torch.tensor([13, -1, 0, 7, 19, 4, -1, 5, 10], device=DEVICE)
+    key_cache, value_cache = _caches(num_blocks, block_size, num_kv_heads, head_size, cache_dtype)
+    ref_key_cache, ref_value_cache = (c.clone() for c in (key_cache, value_cache))
+    initial_key_cache = key_cache.clone()
+    ref_qkv = qkv.clone()
+    cos_sin = layer.rotary_emb.cos_sin_cache
+
+    q, k, v = _split(ref_qkv, head_size, num_heads, num_kv_heads)
+    qk_norm_rope(positions, q, k, q_weight, k_weight, cos_sin, head_size, 1e-6)
+    heads = (num_tokens, num_kv_heads, head_size)
+    reshape_and_cache(k.view(heads), v.view(heads), ref_key_cache, ref_value_cache, slots)
+    q, k, v = _split(qkv, head_size, num_heads, num_kv_heads)
+    qk_norm_rope_kv_cache(positions, q, k, q_weight, k_weight, cos_sin, head_size, 1e-6,
+                          v, key_cache, value_cache, slots)  # fmt: skip
+
+    assert torch.equal(qkv, ref_qkv)  # q, k as before, v untouched
+    assert torch.equal(key_cache, ref_key_cache) and torch.equal(value_cache, ref_value_cache)
+    # Not vacuous: the written slots changed, the others (padding included) did not.
+    flat_now, flat_before = key_cache.flatten(0, 1), initial_key_cache.flatten(0, 1)
+    written = slots[slots >= 0]
+    untouched = torch.ones(num_blocks * block_size, dtype=torch.bool, device=DEVICE)
+    untouched[written] = False
+    assert not torch.equal(flat_now[written], flat_before[written])
+    assert torch.equal(flat_now[untouched], flat_before[untouched])
+
+
+def test_layer_writes_the_cache_only_from_the_fused_kernel(monkeypatch):
+    """forward_cuda writes the cache and returns the update; native and unfused return
+    None and leave the cache alone, so that attention writes it."""
+    head_size, num_heads, num_kv_heads = 64, 3, 1
+    layer = _layer(head_size, torch.float32)
+    qkv, q_weight, k_weight, positions = _inputs(torch.float32, head_size, num_heads,
+                                                 num_kv_heads)  # fmt: skip
+    slots = torch.tensor([2, 0, 5], device=DEVICE)
+    cache = KVCacheUpdate(*_caches(2, 4, num_kv_heads, head_size, torch.float32), slots)
+    before = [c.clone() for c in cache[:2]]
+
+    def run(impl):
+        q, k, v = _split(qkv.clone(), head_size, num_heads, num_kv_heads)
+        with CustomOp.force(impl):
+            return layer(positions, q, k, q_weight, k_weight, v, cache)
+
+    assert run("native")[2] is None
+    monkeypatch.setenv(FUSED_QK_NORM_ROPE_ENV, "0")
+    assert run("cuda")[2] is None
+    assert all(torch.equal(c, b) for c, b in zip(cache[:2], before, strict=True))
+    monkeypatch.delenv(FUSED_QK_NORM_ROPE_ENV)
+    assert run("cuda")[2] is cache
+    assert not torch.equal(cache.key_cache, before[0])
+    assert not torch.equal(cache.value_cache, before[1])
+    q, k, _ = _split(qkv.clone(), head_size, num_heads, num_kv_heads)
+    with CustomOp.force("cuda"), pytest.raises(ValueError, match="needs value"):
+        layer(positions, q, k, q_weight, k_weight, None, cache)
+
+
+def test_cache_write_rejects_bad_arguments():
+    head_size = 8
+    positions = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    w, cos_sin = torch.ones(head_size, device=DEVICE), torch.randn(16, head_size, device=DEVICE)
+    q, k, v = (torch.randn(2, n, device=DEVICE) for n in (16, 8, 8))
+    cache = torch.zeros(3, 4, 1, head_size, device=DEVICE)
+    slots = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+
+    def call(value=v, key_cache=cache, value_cache=None, slot_mapping=slots):
+        value_cache = cache.clone() if value_cache is None else value_cache
+        qk_norm_rope_kv_cache(positions, q, k, w, w, cos_sin, head_size, 1e-6, value,
+                              key_cache, value_cache, slot_mapping)  # fmt: skip
+
+    with pytest.raises(ValueError, match="value must be"):
+        call(value=torch.randn(2, 16, device=DEVICE))
+    with pytest.raises(ValueError, match="value must be"):
+        call(value=v.double())
+    with pytest.raises(ValueError, match="key must have shape"):
+        call(key_cache=torch.zeros(3, 4, 2, head_size, device=DEVICE),
+             value_cache=torch.zeros(3, 4, 2, head_size, device=DEVICE))  # fmt: skip
+    with pytest.raises(ValueError, match="share one layout"):
+        call(value_cache=torch.zeros(3, 1, 4, head_size, device=DEVICE).transpose(1, 2))
+    with pytest.raises(ValueError, match="slot_mapping must be"):
+        call(slot_mapping=slots.float())
+    with pytest.raises(ValueError, match="slot_mapping must be contiguous"):
+        call(slot_mapping=torch.zeros(4, dtype=torch.int64, device=DEVICE)[::2])
+
+
+def test_cache_write_op_traces_with_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        qkv = torch.empty(3, 4 * 32)
+        cache = torch.empty(2, 4, 1, 32)
+        q, k = qk_norm_rope_kv_cache(
+            torch.zeros(3, dtype=torch.int64), qkv[:, :64], qkv[:, 64:96], torch.empty(32),
+            torch.empty(32), torch.empty(8, 32), 32, 1e-6, qkv[:, 96:], cache, cache.clone(),
+            torch.zeros(3, dtype=torch.int64),
+        )  # fmt: skip
+    assert q.shape == (3, 64) and k.shape == (3, 32)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="forces the kernels onto CPU tensors")
+def test_qwen3_on_triton_writes_the_cache_from_the_fused_kernel(tmp_path, monkeypatch):
+    """A tiny Qwen3 over the Triton backend: the fused kernel writes the cache, the layer
+    launches no reshape_and_cache, and logits and caches are those of the unfused path."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from minivllm.attention.layer import Attention
+    from minivllm.attention.selector import get_attn_backend
+    from tests.model_executor.paged_forward import PagedForward
+    from tests.model_executor.test_models import NEXT_TOKENS, PROMPTS, _load
+    from tests.tiny_models import make_tiny_model
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    path = make_tiny_model("qwen3", tmp_path, num_hidden_layers=2)
+    backend = get_attn_backend("triton", torch.device("cpu"))
+
+    def run(fused: str) -> tuple[torch.Tensor, list[torch.Tensor], list[str]]:
+        monkeypatch.setenv(FUSED_QK_NORM_ROPE_ENV, fused)
+        model = _load(path)
+        runner = PagedForward(model, num_seqs=len(PROMPTS))
+        layers = [m for m in model.modules() if isinstance(m, Attention)]
+        for layer in layers:
+            layer.backend = backend
+        mode = Ops()
+        with CustomOp.force("cuda"), mode:
+            logits = torch.cat([runner.step(PROMPTS), runner.step([[t] for t in NEXT_TOKENS])])
+        return logits, [c for layer in layers for c in layer.kv_cache], mode.names
+
+    logits, caches, ops = run("1")
+    ref_logits, ref_caches, ref_ops = run("0")
+    steps_x_layers = 2 * 2
+    assert ops.count("qk_norm_rope_kv_cache") == steps_x_layers
+    assert "reshape_and_cache" not in ops
+    assert ref_ops.count("reshape_and_cache") == steps_x_layers
+    assert "qk_norm_rope_kv_cache" not in ref_ops
+    assert all(torch.equal(c, r) for c, r in zip(caches, ref_caches, strict=True))
+    assert any(c.count_nonzero() for c in caches)
+    assert torch.equal(logits, ref_logits)

@@ -14,6 +14,15 @@ model, each moving a few kilobytes; fused they are one (``triton_qk_norm_rope.py
 
 ``MINIVLLM_FUSED_QK_NORM_ROPE=0`` keeps the three kernels of the unfused path (for a
 side-by-side measurement); it is read when the layer binds, at its first call.
+
+The fused kernel can also write the step's k and v into the paged KV cache, which saves
+the attention layer's own cache-write launch: given the attention layer's
+``fusable_kv_cache_update`` (and v), ``forward_cuda`` does so and returns it as the
+third result, which the model hands to attention as ``kv_cache_updated``. The other
+implementations write nothing and return None there, so attention writes the cache as
+before: whichever implementation is bound, the cache is written exactly once. Upstream
+gets this from a second compiler pass (``RopeKVCacheFusionPass`` in
+``vllm/compilation/passes/fusion/rope_kvcache_fusion.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import Any
 
 import torch
 
+from minivllm.attention.layer import KVCacheUpdate
 from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.layernorm import rms_norm_native
 from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
@@ -42,7 +52,9 @@ class QKNormRotaryEmbedding(CustomOp):
 
     The norm weights are passed at each call rather than owned, so that they stay the
     ``q_norm.weight`` and ``k_norm.weight`` parameters of the attention layer, under the
-    checkpoint's names.
+    checkpoint's names. Every implementation returns ``(query, key, kv_cache_updated)``:
+    the last is ``kv_cache`` when the call wrote ``key`` and ``value`` into that cache,
+    else None (only ``forward_cuda`` writes it).
 
     Args:
         head_size: ``D``: each head is normalised over, and rotated as, ``D`` values.
@@ -67,16 +79,20 @@ class QKNormRotaryEmbedding(CustomOp):
         key: torch.Tensor,
         q_weight: torch.Tensor,
         k_weight: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        value: torch.Tensor | None = None,
+        kv_cache: KVCacheUpdate | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
         """Normalise each head of ``query`` ``[T, H * D]`` and ``key`` ``[T, KVH * D]``, then
-        rotate them by ``positions`` ``[T]``. Returns new tensors."""
+        rotate them by ``positions`` ``[T]``. Returns new tensors, and None: the cache is
+        left to attention (``value`` and ``kv_cache`` are not used)."""
         num_tokens = query.shape[0]
         eps = self.variance_epsilon
         q = rms_norm_native(query.reshape(num_tokens, -1, self.head_size), q_weight, eps)
         k = rms_norm_native(key.reshape(num_tokens, -1, self.head_size), k_weight, eps)
-        return self.rotary_emb.forward_native(
+        q, k = self.rotary_emb.forward_native(
             positions, q.view(num_tokens, -1), k.view(num_tokens, -1)
         )
+        return q, k, None
 
     def forward_cuda(
         self,
@@ -85,18 +101,26 @@ class QKNormRotaryEmbedding(CustomOp):
         key: torch.Tensor,
         q_weight: torch.Tensor,
         k_weight: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        value: torch.Tensor | None = None,
+        kv_cache: KVCacheUpdate | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, KVCacheUpdate | None]:
         """``forward_native`` as one Triton launch, in place: returns ``query`` and ``key``
         themselves, normalised and rotated (column slices of this step's qkv output, read
-        by nothing else)."""
+        by nothing else). Given ``kv_cache`` and ``value`` ``[T, KVH * D]``, the same
+        launch writes k and v into the cache (at every token count: see the Custom ops
+        chapter) and ``kv_cache`` is returned third."""
         if not self._kernel_dtypes_match(query, key, q_weight, k_weight):
             return self.forward_native(positions, query, key, q_weight, k_weight)
         from minivllm.model_executor.layers import triton_qk_norm_rope  # Triton is optional
 
-        return triton_qk_norm_rope.qk_norm_rope(
-            positions, query, key, q_weight, k_weight, self.rotary_emb.cos_sin_cache,
-            self.head_size, self.variance_epsilon,
-        )  # fmt: skip
+        args = (positions, query, key, q_weight, k_weight, self.rotary_emb.cos_sin_cache,
+                self.head_size, self.variance_epsilon)  # fmt: skip
+        if kv_cache is None:
+            return (*triton_qk_norm_rope.qk_norm_rope(*args), None)
+        if value is None:
+            raise ValueError("writing the KV cache needs value")
+        query, key = triton_qk_norm_rope.qk_norm_rope_kv_cache(*args, value, *kv_cache)
+        return query, key, kv_cache
 
     def forward_unfused(
         self,
@@ -105,9 +129,12 @@ class QKNormRotaryEmbedding(CustomOp):
         key: torch.Tensor,
         q_weight: torch.Tensor,
         k_weight: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        value: torch.Tensor | None = None,
+        kv_cache: KVCacheUpdate | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
         """The three kernels the fused one replaces: RMSNorm over the q heads, over the k
-        heads (each into a new tensor), then the rotary kernel in place on both."""
+        heads (each into a new tensor), then the rotary kernel in place on both. The cache
+        is left to attention, as in the model before any fusion."""
         if not self._kernel_dtypes_match(query, key, q_weight, k_weight):
             return self.forward_native(positions, query, key, q_weight, k_weight)
         from minivllm.model_executor.layers import triton_layernorm  # Triton is optional
@@ -115,9 +142,10 @@ class QKNormRotaryEmbedding(CustomOp):
         num_tokens, eps = query.shape[0], self.variance_epsilon
         q = triton_layernorm.rms_norm(query.view(num_tokens, -1, self.head_size), q_weight, eps)
         k = triton_layernorm.rms_norm(key.view(num_tokens, -1, self.head_size), k_weight, eps)
-        return self.rotary_emb.forward_cuda(
+        q, k = self.rotary_emb.forward_cuda(
             positions, q.view(num_tokens, -1), k.view(num_tokens, -1)
         )
+        return q, k, None
 
     def dispatch_forward(self, device: torch.device) -> Callable[..., Any]:
         """``forward_cuda``, or ``forward_unfused`` under ``MINIVLLM_FUSED_QK_NORM_ROPE=0``."""

@@ -29,6 +29,15 @@ each rounded to the model dtype, then every rotary product and sum. In Triton's
 interpreter the fused and unfused results have the same bits; compiled, each kernel's
 reduction layout is Triton's choice, so the float32 sum of squares may be added in
 another order, and both agree with the torch reference within the same tolerances.
+
+The paged KV-cache write rides along (:func:`qk_norm_rope_kv_cache`, op
+``qk_norm_rope_kv_cache``): the program of a block of k heads, which holds their rotated
+values in registers, also stores them and the token's v heads at the token's cache slot,
+which saves the separate ``reshape_and_cache`` launch of every decoder layer and its
+re-read of k. Upstream gets the same from a compiler pass that fuses RoPE with the cache
+write (``vllm/compilation/passes/fusion/rope_kvcache_fusion.py``, on ROCm). The stores
+write the values the unfused path writes to q/k, cast to the cache's dtype as
+``reshape_and_cache`` casts them, so the cache holds the same bits either way.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.attention.backends.triton_attn import check_reshape_and_cache_args
 from minivllm.model_executor.custom_op import fake_noop, register_op
 
 
@@ -48,9 +58,17 @@ def qk_norm_rope_kernel(
     q_weight_ptr,
     k_weight_ptr,
     cos_sin_cache_ptr,
+    value_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_mapping_ptr,
     query_stride,
     key_stride,
     cache_stride,
+    value_stride,
+    stride_c_block: tl.int64,
+    stride_c_slot: tl.int64,
+    stride_c_head: tl.int64,
     num_q_heads,
     num_k_heads,
     head_size,
@@ -59,9 +77,13 @@ def qk_norm_rope_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     HEADS: tl.constexpr,
+    WRITE_CACHE: tl.constexpr,
+    CACHE_BLOCK_SIZE: tl.constexpr,
 ):
     """Token ``program_id(0)``; ``program_id(1)`` is a block of ``HEADS`` heads, the q
-    heads' blocks first, then the k heads'."""
+    heads' blocks first, then the k heads'. With ``WRITE_CACHE`` a k block also stores
+    its rotated k heads and the token's v heads at ``slot_mapping[token]`` (the value and
+    cache arguments are stand-ins without it)."""
     token = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     num_q_blocks = tl.cdiv(num_q_heads, HEADS)
@@ -103,8 +125,29 @@ def qk_norm_rope_kernel(
     x2s = (x2 * sin).to(dtype).to(tl.float32)
     x2c = (x2 * cos).to(dtype).to(tl.float32)
     x1s = (x1 * sin).to(dtype).to(tl.float32)
-    tl.store(rows + cols[None, :], (x1c - x2s).to(dtype), mask=both)
-    tl.store(rows + half + cols[None, :], (x2c + x1s).to(dtype), mask=both)
+    out1 = (x1c - x2s).to(dtype)
+    out2 = (x2c + x1s).to(dtype)
+    tl.store(rows + cols[None, :], out1, mask=both)
+    tl.store(rows + half + cols[None, :], out2, mask=both)
+
+    # Two ifs: the constexpr one removes the cache write from the variant without it.
+    if WRITE_CACHE:  # noqa: SIM102
+        if block >= num_q_blocks:
+            # What reshape_and_cache would copy: the k heads just stored (still in
+            # registers, so never read back) and the token's v heads, to the token's
+            # slot. A negative slot is CUDA-graph padding: nothing is stored.
+            slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+            if slot >= 0:
+                dst = (slot // CACHE_BLOCK_SIZE) * stride_c_block
+                dst += (slot % CACHE_BLOCK_SIZE) * stride_c_slot
+                dst += heads[:, None].to(tl.int64) * stride_c_head
+                # The stores cast to the cache's element type, as reshape_and_cache's do.
+                tl.store(key_cache_ptr + dst + cols[None, :], out1, mask=both)
+                tl.store(key_cache_ptr + dst + half + cols[None, :], out2, mask=both)
+                row_mask = head_mask & (d < HEAD_SIZE)
+                v_rows = value_ptr + token * value_stride + heads[:, None] * HEAD_SIZE
+                v = tl.load(v_rows + d, mask=row_mask)
+                tl.store(value_cache_ptr + dst + d, v, mask=row_mask)
 
 
 # Heads per program (at most; fewer when the model has fewer).
@@ -117,7 +160,7 @@ def heads_per_program(num_q_heads: int, num_k_heads: int) -> int:
     return min(HEADS_PER_PROGRAM, triton.next_power_of_2(max(num_q_heads, num_k_heads)))
 
 
-def _qk_norm_rope_impl(
+def _launch(
     positions: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -126,7 +169,13 @@ def _qk_norm_rope_impl(
     cos_sin_cache: torch.Tensor,
     head_size: int,
     epsilon: float,
+    value: torch.Tensor | None = None,
+    key_cache: torch.Tensor | None = None,
+    value_cache: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
 ) -> None:
+    """Launch :func:`qk_norm_rope_kernel` on validated tensors; it writes the cache when
+    ``key_cache`` is given (then so are ``value``, ``value_cache`` and ``slot_mapping``)."""
     num_tokens = positions.shape[0]
     if num_tokens == 0:
         return
@@ -135,6 +184,11 @@ def _qk_norm_rope_impl(
     block = triton.next_power_of_2(head_size)
     heads = heads_per_program(num_q_heads, num_k_heads)
     grid = (num_tokens, triton.cdiv(num_q_heads, heads) + triton.cdiv(num_k_heads, heads))
+    write = key_cache is not None
+    if not write:
+        # Never read (WRITE_CACHE is a constexpr False): stand-ins, as the skinny GEMM's
+        # missing bias, so the argument list keeps one shape.
+        value, key_cache, value_cache, slot_mapping = key, key, key, positions
     qk_norm_rope_kernel[grid](
         positions,
         query,
@@ -142,9 +196,15 @@ def _qk_norm_rope_impl(
         q_weight,
         k_weight,
         cos_sin_cache,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
         query.stride(0),
         key.stride(0),
         cos_sin_cache.stride(0),
+        value.stride(0),
+        *(key_cache.stride()[:3] if write else (0, 0, 0)),
         num_q_heads,
         num_k_heads,
         head_size,
@@ -153,6 +213,8 @@ def _qk_norm_rope_impl(
         BLOCK_D=block,
         BLOCK_HALF=triton.next_power_of_2(head_size // 2),
         HEADS=heads,
+        WRITE_CACHE=write,
+        CACHE_BLOCK_SIZE=key_cache.shape[1] if write else 1,
         num_warps=min(max(heads * block // 256, 1), 8),
     )
 
@@ -161,7 +223,18 @@ register_op(
     "qk_norm_rope",
     "(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor q_weight, Tensor k_weight, "
     "Tensor cos_sin_cache, int head_size, float epsilon) -> ()",
-    _qk_norm_rope_impl,
+    _launch,
+    fake_noop,
+)
+
+# A second op rather than optional arguments of the first: the schema then marks the
+# caches as written ((c!), (d!)) without making every argument optional.
+register_op(
+    "qk_norm_rope_kv_cache",
+    "(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor q_weight, Tensor k_weight, "
+    "Tensor cos_sin_cache, int head_size, float epsilon, Tensor value, "
+    "Tensor(c!) key_cache, Tensor(d!) value_cache, Tensor slot_mapping) -> ()",
+    _launch,
     fake_noop,
 )
 
@@ -207,6 +280,30 @@ def _check(
         )
 
 
+def _check_cache_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    head_size: int,
+) -> None:
+    """The checks of reshape_and_cache, on the heads as it would see them, plus what the
+    kernel assumes of ``value``: ``key``'s dtype, row layout and size."""
+    if value.shape != key.shape or value.dtype != key.dtype or value.stride(1) != 1:
+        raise ValueError(
+            f"value must be a {tuple(key.shape)} {key.dtype} tensor with contiguous rows, "
+            f"got {tuple(value.shape)}/{value.dtype} strides {tuple(value.stride())}"
+        )
+    if slot_mapping.dim() == 1 and slot_mapping.stride(0) != 1:
+        raise ValueError("slot_mapping must be contiguous")
+    num_tokens = key.shape[0]
+    check_reshape_and_cache_args(
+        key.view(num_tokens, -1, head_size), value.view(num_tokens, -1, head_size),
+        key_cache, value_cache, slot_mapping,
+    )  # fmt: skip
+
+
 def qk_norm_rope(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -228,4 +325,37 @@ def qk_norm_rope(
     torch.ops.minivllm.qk_norm_rope(
         positions, query, key, q_weight, k_weight, cos_sin_cache, head_size, float(epsilon)
     )
+    return query, key
+
+
+def qk_norm_rope_kv_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    epsilon: float,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`qk_norm_rope`, and in the same launch the paged KV-cache write that
+    ``reshape_and_cache`` (``minivllm/attention/triton_reshape_and_cache.py``) would do
+    next: the rotated key heads and ``value``'s heads of token ``t`` go to slot
+    ``slot_mapping[t]`` of ``key_cache``/``value_cache``
+    ``[num_blocks, block_size, Hk, D]`` (any strides with a contiguous last dim, one
+    layout for both), nothing when the slot is negative. The same bits as that kernel.
+
+    ``value`` is ``[T, Hk * D]`` with contiguous rows (the v slice of qkv). Slots are not
+    range-checked, as in ``reshape_and_cache``. Returns ``(query, key)``.
+    """
+    _check(positions, query, key, q_weight, k_weight, cos_sin_cache, head_size)
+    _check_cache_write(key, value, key_cache, value_cache, slot_mapping, head_size)
+    torch.ops.minivllm.qk_norm_rope_kv_cache(
+        positions, query, key, q_weight, k_weight, cos_sin_cache, head_size, float(epsilon),
+        value, key_cache, value_cache, slot_mapping,
+    )  # fmt: skip
     return query, key

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.attention.layer import Attention
+from minivllm.attention.layer import Attention, KVCacheUpdate
 from minivllm.model_executor.layers.activation import SiluAndMul
 from minivllm.model_executor.layers.layernorm import RMSNorm
 from minivllm.model_executor.layers.linear import (
@@ -150,11 +150,14 @@ class LlamaAttention(nn.Module):
         return bias, bias
 
     def qk_norm_rope(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, KVCacheUpdate | None]:
         """Prepare q and k for attention: Llama and Qwen2 only rotate them (RoPE; on CUDA
-        one kernel, in place on the column slices of qkv)."""
-        return self.rotary_emb(positions, q, k)
+        one kernel, in place on the column slices of qkv). The third result is the cache
+        update this step already did (``Attention.forward``'s ``kv_cache_updated``):
+        None here, attention writes k and v itself; Qwen3's fused kernel does it."""
+        q, k = self.rotary_emb(positions, q, k)
+        return q, k, None
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]`` for the flat batch at ``positions`` ``[T]``."""
@@ -164,8 +167,8 @@ class LlamaAttention(nn.Module):
         """The rest of ``forward`` from ``qkv_proj``'s output ``[T, (H + 2 KVH) * D]`` (the
         decoder layer runs ``qkv_proj`` itself, fused with its norm)."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.qk_norm_rope(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        q, k, kv_cache_updated = self.qk_norm_rope(positions, q, k, v)
+        return self.o_proj(self.attn(q, k, v, kv_cache_updated))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -1,0 +1,118 @@
+"""The ``Attention`` layer's cache-write contract: it writes this step's K/V itself unless
+handed back the ``KVCacheUpdate`` it gave out for this step, and gives one out only to
+the Triton backend in a step with metadata.
+
+The backends here are the torch reference ops behind a recording cache write, named
+``"triton"`` or ``"torch"``: what the layer decides depends only on the backend's name,
+and the reference keeps these tests fast. The Triton kernel's own write is held to
+``reshape_and_cache`` in tests/model_executor/test_qk_norm_rope.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.attention import reference
+from minivllm.attention.layer import Attention, KVCacheUpdate
+from minivllm.attention.selector import AttentionBackend
+from minivllm.forward_context import AttentionMetadata, set_forward_context
+from tests.attention.paged_batch import PagedBatch, make_paged_batch
+
+NUM_KV_HEADS, GROUP, HEAD_SIZE = 2, 2, 16
+
+
+def _batch() -> PagedBatch:
+    # A decode over a cached context, and a prefill chunk over a cached prefix.
+    return make_paged_batch([(5, 1), (3, 4)], block_size=4, num_kv_heads=NUM_KV_HEADS,
+                            group=GROUP, head_size=HEAD_SIZE, dtype=torch.float32)  # fmt: skip
+
+
+def _layer(batch: PagedBatch, name: str) -> tuple[Attention, list[torch.Tensor]]:
+    """An Attention layer bound to ``batch``'s cache and a backend called ``name``; the
+    list records the slot mapping of every cache write the backend makes."""
+    writes: list[torch.Tensor] = []
+
+    def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+        writes.append(slot_mapping)
+        reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+    def paged_attention(query, key_cache, value_cache, block_table, seq_lens,
+                        query_start_loc, scale, **hints) -> torch.Tensor:  # fmt: skip
+        return reference.paged_attention(
+            query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale
+        )
+
+    layer = Attention(NUM_KV_HEADS * GROUP, HEAD_SIZE, batch.scale, NUM_KV_HEADS, "layers.0")
+    layer.kv_cache = (batch.key_cache, batch.value_cache)
+    layer.backend = AttentionBackend(name, reshape_and_cache, paged_attention)
+    return layer, writes
+
+
+def _metadata(batch: PagedBatch) -> AttentionMetadata:
+    return AttentionMetadata(
+        slot_mapping=batch.slot_mapping, block_table=batch.block_table,
+        seq_lens=batch.seq_lens, query_start_loc=batch.query_start_loc,
+        max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+    )  # fmt: skip
+
+
+def _flat(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    num_tokens = batch.query.shape[0]
+    return tuple(t.reshape(num_tokens, -1) for t in (batch.query, batch.key, batch.value))
+
+
+def test_offers_the_cache_only_to_triton_in_a_step():
+    batch = _batch()
+    triton_layer, _ = _layer(batch, "triton")
+    torch_layer, _ = _layer(batch, "torch")
+    unbound = Attention(NUM_KV_HEADS * GROUP, HEAD_SIZE, 1.0, NUM_KV_HEADS)
+    metadata = _metadata(batch)
+    with set_forward_context(None):  # the memory-profiling run
+        assert triton_layer.fusable_kv_cache_update() is None
+    with set_forward_context(metadata):
+        update = triton_layer.fusable_kv_cache_update()
+        assert torch_layer.fusable_kv_cache_update() is None
+        assert unbound.fusable_kv_cache_update() is None
+    assert update.key_cache is batch.key_cache and update.value_cache is batch.value_cache
+    assert update.slot_mapping is metadata.slot_mapping
+
+
+def test_a_cache_written_before_attention_is_not_written_again():
+    """The same output and cache as a layer that writes the cache itself, with no write
+    from the layer."""
+    writing, unfused = _batch(), _batch()
+    q, k, v = _flat(writing)
+    layer, writes = _layer(writing, "triton")
+    with set_forward_context(_metadata(writing)):
+        update = layer.fusable_kv_cache_update()
+        # What the fused kernel does before attention, as the reference does it.
+        reference.reshape_and_cache(writing.key, writing.value, *update)
+        out = layer(q, k, v, kv_cache_updated=update)
+    assert writes == []
+
+    ref_layer, ref_writes = _layer(unfused, "triton")
+    with set_forward_context(_metadata(unfused)):
+        expected = ref_layer(*_flat(unfused))
+    assert len(ref_writes) == 1
+    assert torch.equal(out, expected)
+    assert torch.equal(writing.key_cache, unfused.key_cache)
+    assert torch.equal(writing.value_cache, unfused.value_cache)
+
+
+def test_rejects_an_update_of_another_layer_or_step():
+    batch = _batch()
+    layer, writes = _layer(batch, "triton")
+    other, _ = _layer(_batch(), "triton")
+    q, k, v = _flat(batch)
+    metadata = _metadata(batch)
+    with set_forward_context(metadata):
+        foreign = other.fusable_kv_cache_update()
+        stale = KVCacheUpdate(batch.key_cache, batch.value_cache, metadata.slot_mapping.clone())
+        for update in (foreign, stale):
+            with pytest.raises(ValueError, match="not this layer's cache update"):
+                layer(q, k, v, kv_cache_updated=update)
+        update = layer.fusable_kv_cache_update()
+    with set_forward_context(None), pytest.raises(ValueError, match="no step is running"):
+        layer(q, k, v, kv_cache_updated=update)
+    assert writes == []
