@@ -84,8 +84,9 @@ class Attention(nn.Module):
         the cache is bound, and with any backend but Triton: the torch backend is the
         oracle the kernels are checked against, so it keeps its own cache write (as
         upstream fuses only for backends whose ``fused_rope_kvcache_supported`` says so).
-        Host-side only: no device work, no sync, the same answer at every CUDA-graph
-        replay of a captured step.
+        Decided on the host from the forward context alone (no device work, no sync), so
+        a captured CUDA graph holds whichever path its capture took, and its replays
+        write the cache exactly as the capture did.
         """
         attn_metadata = get_forward_context().attn_metadata
         if attn_metadata is None or self.kv_cache is None or self.backend is None:
