@@ -366,3 +366,40 @@ def test_qwen3_on_triton_writes_the_cache_from_the_fused_kernel(tmp_path, monkey
     assert all(torch.equal(c, r) for c, r in zip(caches, ref_caches, strict=True))
     assert any(c.count_nonzero() for c in caches)
     assert torch.equal(logits, ref_logits)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="forces the kernels onto CPU tensors")
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "draft-model"])
+def test_engine_on_the_fused_cache_write_matches_hf_greedy(speculative, tmp_path, monkeypatch):
+    """The whole engine on the Triton backend, every layer on its kernel: chunked
+    prefills, a prefix-cache hit and (draft-model) a Qwen3 draft with a cache of its own,
+    all over caches the fused kernel writes, give HF's greedy tokens."""
+    from minivllm import LLM, SamplingParams
+    from minivllm.attention.backends import triton_attn
+    from minivllm.model_executor.layers import triton_qk_norm_rope
+    from tests.engine.test_llm_engine import _hf_greedy
+    from tests.tiny_models import make_tiny_model
+
+    calls: list[str] = []
+    fused, separate = triton_qk_norm_rope.qk_norm_rope_kv_cache, triton_attn.reshape_and_cache
+    monkeypatch.setattr(triton_qk_norm_rope, "qk_norm_rope_kv_cache",
+                        lambda *args: calls.append("fused") or fused(*args))  # fmt: skip
+    monkeypatch.setattr(triton_attn, "reshape_and_cache",
+                        lambda *args: calls.append("separate") or separate(*args))  # fmt: skip
+    path = make_tiny_model("qwen3", tmp_path / "qwen3")
+    prefix = list(range(3, 40))  # two full blocks of 16, cached by the first request
+    prompts = [prefix + [50, 51], prefix + [60, 61, 62], list(range(100, 121)), [5, 9]]
+    max_tokens = [6, 5, 4, 7]
+    expected = _hf_greedy(path, prompts, max_tokens)
+    spec = {"method": "draft_model", "model": str(path), "num_speculative_tokens": 2}
+    params = [SamplingParams(temperature=0.0, max_tokens=n) for n in max_tokens]
+    with CustomOp.force("cuda"):
+        llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=64, block_size=16,
+                  attention_backend="triton", max_num_batched_tokens=24,
+                  speculative_config=spec if speculative else None)  # fmt: skip
+        llm.generate([{"prompt_token_ids": prompts[0]}], params[:1], use_tqdm=False)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert any(o.num_cached_tokens > 0 for o in outputs)
+    # Every cache write, the draft's included, came from the fused kernel.
+    assert "fused" in calls and "separate" not in calls
