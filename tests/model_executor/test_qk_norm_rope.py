@@ -215,9 +215,10 @@ def _caches(num_blocks, block_size, num_kv_heads, head_size, dtype, seed=0):
 def test_fused_cache_write_equals_reshape_and_cache(
     dtype, cache_dtype, head_size, num_heads, num_kv_heads
 ):
-    """The same q, k and cache bits as the fused kernel followed by reshape_and_cache:
+    """The cache bits reshape_and_cache writes from the same k and v, on any device:
     scattered slots over a strided cache, padding slots (-1) that write nothing, and a
-    cache dtype narrower than the activations (both cast on the store)."""
+    cache dtype narrower than the activations (both cast on the store). q and k are
+    those of the kernel without the cache write (the same bits in the interpreter)."""
     num_tokens, block_size, num_blocks = 9, 4, 5
     qkv, q_weight, k_weight, positions = _inputs(
         dtype, head_size, num_heads, num_kv_heads, num_tokens=num_tokens, seed=2
@@ -227,18 +228,14 @@ def test_fused_cache_write_equals_reshape_and_cache(
     key_cache, value_cache = _caches(num_blocks, block_size, num_kv_heads, head_size, cache_dtype)
     ref_key_cache, ref_value_cache = (c.clone() for c in (key_cache, value_cache))
     initial_key_cache = key_cache.clone()
-    ref_qkv = qkv.clone()
+    unfused_qkv = qkv.clone()
     cos_sin = layer.rotary_emb.cos_sin_cache
 
-    q, k, v = _split(ref_qkv, head_size, num_heads, num_kv_heads)
-    qk_norm_rope(positions, q, k, q_weight, k_weight, cos_sin, head_size, 1e-6)
-    heads = (num_tokens, num_kv_heads, head_size)
-    reshape_and_cache(k.view(heads), v.view(heads), ref_key_cache, ref_value_cache, slots)
     q, k, v = _split(qkv, head_size, num_heads, num_kv_heads)
     qk_norm_rope_kv_cache(positions, q, k, q_weight, k_weight, cos_sin, head_size, 1e-6,
                           v, key_cache, value_cache, slots)  # fmt: skip
-
-    assert torch.equal(qkv, ref_qkv)  # q, k as before, v untouched
+    heads = (num_tokens, num_kv_heads, head_size)
+    reshape_and_cache(k.view(heads), v.view(heads), ref_key_cache, ref_value_cache, slots)
     assert torch.equal(key_cache, ref_key_cache) and torch.equal(value_cache, ref_value_cache)
     # Not vacuous: the written slots changed, the others (padding included) did not.
     flat_now, flat_before = key_cache.flatten(0, 1), initial_key_cache.flatten(0, 1)
@@ -247,6 +244,13 @@ def test_fused_cache_write_equals_reshape_and_cache(
     untouched[written] = False
     assert not torch.equal(flat_now[written], flat_before[written])
     assert torch.equal(flat_now[untouched], flat_before[untouched])
+
+    q, k, _ = _split(unfused_qkv, head_size, num_heads, num_kv_heads)
+    qk_norm_rope(positions, q, k, q_weight, k_weight, cos_sin, head_size, 1e-6)
+    if DEVICE.type == "cpu":
+        assert torch.equal(qkv, unfused_qkv)  # q, k as without the write, v untouched
+    else:  # two compiled variants: each may reduce the sums of squares in its own order
+        torch.testing.assert_close(qkv, unfused_qkv, **TOL[dtype])
 
 
 def test_layer_writes_the_cache_only_from_the_fused_kernel(monkeypatch):
