@@ -12,8 +12,11 @@ throughput of a whole benchmark run, measured on the H200). minivllm removes bot
 causes: the host-to-device copies keep every tensor 16-byte aligned (see
 ``copy_to_device``), and this warm-up launches each attention configuration the
 heuristics can choose, the linear layers' small-M kernel for each layer shape, and the
-sampler's one-pass kernel (the other layer kernels have one variant each, compiled by the
-first forward pass or graph capture).
+sampler's one-pass kernel. The other layer kernels have one variant each, compiled by the
+first forward pass or graph capture, except Qwen3's fused q/k norm + RoPE kernel, which has
+two: the memory-profiling pass (no cache yet) compiles the one without the cache write and
+graph capture the one with it; with ``enforce_eager`` the writing variant compiles at the
+first step, as the separate cache-write kernel it replaces did.
 """
 
 from __future__ import annotations
