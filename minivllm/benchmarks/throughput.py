@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +207,12 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
         del llm
         gc.collect()
         torch.cuda.empty_cache()
-        result["peers"] = run_peers(path, sub, seconds)
+        # Written after each peer too: transformers' static batching is slow, and a run
+        # stopped by a time limit while it runs keeps the peers that finished.
+        result["peers"] = run_peers(
+            path, sub, seconds,
+            on_peer=lambda peers: write_json(Path(args.output), {**result, "peers": peers}),
+        )  # fmt: skip
     write_json(Path(args.output), result)
     return result
 
@@ -283,8 +289,14 @@ def profile_full_batch(
     return {k: v for k, v in summary.items() if k != "top"} | {"top": summary["top"][:20]}
 
 
-def run_peers(path: str, sub: Workload, minivllm_seconds: float) -> dict[str, Any]:
-    """transformers on the request set minivllm just ran in ``minivllm_seconds``."""
+def run_peers(
+    path: str,
+    sub: Workload,
+    minivllm_seconds: float,
+    on_peer: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """transformers on the request set minivllm just ran in ``minivllm_seconds``;
+    ``on_peer`` gets the figures so far before each peer runs and after the last."""
     from minivllm.benchmarks import hf_peer
 
     mini_rate = sub.num_output_tokens / minivllm_seconds
@@ -295,6 +307,8 @@ def run_peers(path: str, sub: Workload, minivllm_seconds: float) -> dict[str, An
     model = hf_peer.load_hf(path)
     for name, fn in (("hf_generate_batch", hf_peer.run_hf_continuous),
                      ("hf_generate", hf_peer.run_hf_generate)):
+        if on_peer is not None:
+            on_peer(peers)
         try:
             peers[name] = fn(model, sub)
             ratio = mini_rate / peers[name]["output_tokens_per_s"]
@@ -304,4 +318,6 @@ def run_peers(path: str, sub: Workload, minivllm_seconds: float) -> dict[str, An
         except Exception as exc:  # a peer failing must not lose the other results
             peers[name] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"{name} failed: {exc}", flush=True)
+    if on_peer is not None:
+        on_peer(peers)
     return peers

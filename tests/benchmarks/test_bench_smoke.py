@@ -201,3 +201,29 @@ def test_default_outputs_never_under_docs(monkeypatch, tmp_path) -> None:
     ]:
         default = getattr(parser.parse_args(["bench", name]), flag)
         assert default.startswith("bench-results"), (name, default)
+
+
+def test_peers_are_reported_as_each_finishes(qwen3_dir, monkeypatch) -> None:
+    """A run stopped during the slow static-batching peer keeps the continuous one's
+    figures: run_peers hands out what it has before each peer and after the last."""
+    from minivllm.benchmarks import hf_peer
+    from minivllm.benchmarks.throughput import run_peers
+
+    monkeypatch.setattr(hf_peer, "load_hf", lambda path: None)
+    monkeypatch.setattr(hf_peer, "run_hf_continuous",
+                        lambda model, sub: {"output_tokens_per_s": 2.0})  # fmt: skip
+
+    def static_fails(model, sub):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(hf_peer, "run_hf_generate", static_fails)
+    seen = []
+    sub = Workload(prompts=[[1, 2]], output_lens=[4])
+    peers = run_peers(qwen3_dir, sub, 0.5, on_peer=lambda p: seen.append(json.dumps(p)))
+    snapshots = [json.loads(s) for s in seen]
+    assert len(snapshots) == 3  # before each of the two peers, and after the last
+    assert "hf_generate_batch" not in snapshots[0]
+    assert snapshots[1]["hf_generate_batch"]["minivllm_speedup"] == pytest.approx(4.0)
+    assert "hf_generate" not in snapshots[1]
+    assert "out of memory" in snapshots[2]["hf_generate"]["error"]
+    assert snapshots[2] == json.loads(json.dumps(peers))
