@@ -1,6 +1,6 @@
 """Launch configurations on the batches the throughput workload really runs (GPU only).
 
-``python -m minivllm.benchmarks.kernel_sweep_workload OUT.json`` times the unified
+``python -m minivllm.benchmarks.kernel_sweep_workload OUT.json [--decode-only]`` times the unified
 kernel's candidate configurations on two kinds of batch, and records for each batch what
 :func:`select_config` picks, so the rules in ``triton_launch_config.py`` and
 ``triton_decode_split.py`` can be checked against the timings on other hardware.
@@ -24,10 +24,10 @@ in the metadata builder (``vllm/v1/attention/backends/triton_attn.py``).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import random
-import sys
 from pathlib import Path
 
 import torch
@@ -232,10 +232,18 @@ def sweep_decode_batch(batch: int, copy_bw: float, seed: int) -> dict:
     }
 
 
-def main() -> None:
-    """Sweep every batch and write the JSON named on the command line."""
+def main(argv: list[str] | None = None) -> None:
+    """Sweep the batches and write the JSON named on the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output", help="JSON result file")
+    parser.add_argument(
+        "--decode-only", action="store_true",
+        help="only the decode batches (a fraction of the sweep's time: the prefill "
+        "batches compile and time many more tile configurations)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("kernel_sweep_workload needs a CUDA GPU")
+        parser.exit(2, f"{parser.prog}: error: needs a CUDA GPU\n")
     copy_bw = measure_copy_bandwidth()
     result: dict = {
         **environment(),
@@ -243,13 +251,14 @@ def main() -> None:
         "batches": {},
         "decode": [],
     }
-    for i, (name, seqs) in enumerate(workload_batches().items()):
-        result["batches"][name] = sweep_batch(name, seqs, seed=i)
-        torch.cuda.empty_cache()
+    if not args.decode_only:
+        for i, (name, seqs) in enumerate(workload_batches().items()):
+            result["batches"][name] = sweep_batch(name, seqs, seed=i)
+            torch.cuda.empty_cache()
     for batch in DECODE_BATCHES:
         result["decode"].append(sweep_decode_batch(batch, copy_bw, seed=batch))
         torch.cuda.empty_cache()
-    Path(sys.argv[1]).write_text(json.dumps(result, indent=2) + "\n")
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
