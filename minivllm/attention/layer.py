@@ -81,9 +81,10 @@ class Attention(nn.Module):
         itself, or None when ``forward`` must write them (then pass it nothing).
 
         None during the memory-profiling run (no metadata: nothing may be written), before
-        the cache is bound, and with any backend but Triton: the torch backend is the
-        oracle the kernels are checked against, so it keeps its own cache write (as
-        upstream fuses only for backends whose ``fused_rope_kvcache_supported`` says so).
+        the cache is bound, and with a backend that keeps its own write
+        (``AttentionBackend.fused_kv_cache_write`` off: the torch backend, the oracle the
+        kernels are checked against; upstream fuses only for backends whose
+        ``fused_rope_kvcache_supported`` says so).
         Decided on the host from the forward context alone (no device work, no sync), so
         a captured CUDA graph holds whichever path its capture took, and its replays
         write the cache exactly as the capture did.
@@ -91,7 +92,7 @@ class Attention(nn.Module):
         attn_metadata = get_forward_context().attn_metadata
         if attn_metadata is None or self.kv_cache is None or self.backend is None:
             return None
-        if self.backend.name != "triton":
+        if not self.backend.fused_kv_cache_write:
             return None
         return KVCacheUpdate(*self.kv_cache, attn_metadata.slot_mapping)
 

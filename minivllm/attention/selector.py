@@ -61,11 +61,18 @@ class PagedAttention(Protocol):
 
 @dataclass(frozen=True)
 class AttentionBackend:
-    """A named pair of ops: write K/V into the paged cache, attend over it."""
+    """A named pair of ops: write K/V into the paged cache, attend over it.
+
+    ``fused_kv_cache_write``: whether an op fused before attention may write the cache in
+    this backend's place (``Attention.fusable_kv_cache_update``); upstream asks the same of
+    a backend's ``fused_rope_kvcache_supported``. Off for the torch backend, the oracle the
+    kernels are checked against, which keeps its own write.
+    """
 
     name: str
     reshape_and_cache: ReshapeAndCache
     paged_attention: PagedAttention
+    fused_kv_cache_write: bool = False
 
 
 def triton_available() -> tuple[bool, str]:
@@ -112,8 +119,9 @@ def get_attn_backend(name: str, device: torch.device) -> AttentionBackend:
         from minivllm.attention.backends import triton_attn
 
         return AttentionBackend(
-            "triton", triton_attn.reshape_and_cache, triton_attn.paged_attention
-        )
+            "triton", triton_attn.reshape_and_cache, triton_attn.paged_attention,
+            fused_kv_cache_write=True,
+        )  # fmt: skip
     from minivllm.attention import reference
 
     return AttentionBackend("torch", reference.reshape_and_cache, _reference_paged_attention)

@@ -3,9 +3,10 @@ handed back the ``KVCacheUpdate`` it gave out for this step, and gives one out o
 the Triton backend in a step with metadata.
 
 The backends here are the torch reference ops behind a recording cache write, named
-``"triton"`` or ``"torch"``: what the layer decides depends only on the backend's name,
-and the reference keeps these tests fast. The Triton kernel's own write is held to
-``reshape_and_cache`` in tests/model_executor/test_qk_norm_rope.py.
+``"triton"`` or ``"torch"`` and accepting a fused cache write as those backends do: what
+the layer decides depends only on that flag, and the reference keeps these tests fast.
+The Triton kernel's own write is held to ``reshape_and_cache`` in
+tests/model_executor/test_qk_norm_rope.py.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _layer(batch: PagedBatch, name: str) -> tuple[Attention, list[torch.Tensor]]
 
     layer = Attention(NUM_KV_HEADS * GROUP, HEAD_SIZE, batch.scale, NUM_KV_HEADS, "layers.0")
     layer.kv_cache = (batch.key_cache, batch.value_cache)
-    layer.backend = AttentionBackend(name, reshape_and_cache, paged_attention)
+    layer.backend = AttentionBackend(name, reshape_and_cache, paged_attention,
+                                     fused_kv_cache_write=name == "triton")  # fmt: skip
     return layer, writes
 
 
