@@ -4,6 +4,13 @@ Every configuration below changes *how* the engine gets to the answer (prefix ca
 hits, prefills split into chunks, requests preempted and recomputed) but must never
 change the answer. The oracle is ``transformers``' own ``generate`` on the same weights,
 run one prompt at a time so that no padding is involved.
+
+One difference is tolerated, and only where it cannot be an error: a float32 near-tie.
+The engine batches a prompt with others, splits it into chunks or recomputes it after a
+preemption, so its sums run in another order than transformers' and differ in the last
+bits; where the reference's best two logits are that close (seen: one ulp, 1.2e-7), either
+choice is right. Such a prompt is compared up to the tie and no further (the two texts
+continue from different tokens); any other difference fails.
 """
 
 from __future__ import annotations
@@ -17,6 +24,12 @@ from minivllm import LLM, SamplingParams
 from tests.tiny_models import ARCHITECTURES, load_hf_model, make_tiny_model
 
 MAX_MODEL_LEN = 320
+# The largest logit gap a reordered float32 sum can flip on this model (logits of order 1):
+# rounding noise is ~1e-7; a wrong kernel or a lost KV block moves logits by far more.
+TIE_TOLERANCE = 1e-5
+# Each architecture gets its own workload, the same in every process (str hash() is salted
+# per process, which once made the suite draw a different workload, a tie among them, per run).
+WORKLOAD_SEEDS = {"llama": 11, "qwen2": 22, "qwen3": 33}
 
 
 def _workload(seed: int, shared_prefix: bool) -> tuple[list[list[int]], list[int]]:
@@ -52,13 +65,40 @@ def _hf_greedy(path, prompts: list[list[int]], max_tokens: list[int]) -> list[li
     return outs
 
 
+def _hf_logit_gap(path, prompt: list[int], prefix: list[int], a: int, b: int) -> float:
+    """transformers' logit of token ``a`` minus that of ``b`` after ``prompt + prefix``."""
+    model = load_hf_model(path)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + prefix])).logits[0, -1]
+    return (logits[a] - logits[b]).item()
+
+
+def assert_greedy_equal(path, prompts, got, expected, what: str) -> None:
+    """Every sequence equal to the reference, or equal up to a float32 near-tie of the
+    reference (then compared no further). At most one tie per run: several would mean the
+    model is too flat to test anything, not that the engine is right."""
+    ties = []
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if g == e:
+            continue
+        k = next((j for j, (x, y) in enumerate(zip(g, e)) if x != y), None)
+        assert k is not None, f"{what}: prompt {i} (len {len(prompts[i])}) ended early or late"
+        gap = _hf_logit_gap(path, prompts[i], e[:k], e[k], g[k])
+        assert 0.0 <= gap <= TIE_TOLERANCE, (
+            f"{what}: prompt {i} (len {len(prompts[i])}) diverged at output {k}: "
+            f"{g[k]} instead of {e[k]}, which the reference prefers by {gap:.3g} (not a tie)"
+        )
+        ties.append((i, k, gap))
+    assert len(ties) <= 1, f"{what}: near-ties at {ties}"
+
+
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def arch_case(request, tmp_path_factory):
     arch = request.param
     path = make_tiny_model(arch, tmp_path_factory.mktemp(arch))
     cases = {}
     for shared in (False, True):
-        prompts, max_tokens = _workload(seed=hash(arch) % 1000, shared_prefix=shared)
+        prompts, max_tokens = _workload(WORKLOAD_SEEDS[arch], shared_prefix=shared)
         cases[shared] = (prompts, max_tokens, _hf_greedy(path, prompts, max_tokens))
     return arch, path, cases
 
@@ -99,11 +139,10 @@ def test_greedy_matches_hf(arch_case, config_name: str, shared_prefix: bool) -> 
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in max_tokens]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     got = [o.outputs[0].token_ids for o in outputs]
-    for i, (g, e) in enumerate(zip(got, expected)):
-        assert g == e, f"{arch}/{config_name}: prompt {i} (len {len(prompts[i])}) diverged"
-    for o, e in zip(outputs, expected):
+    assert_greedy_equal(path, prompts, got, expected, f"{arch}/{config_name}")
+    for o, g in zip(outputs, got):
         reason = o.outputs[0].finish_reason
-        assert reason == ("stop" if e and e[-1] == 2 else "length")
+        assert reason == ("stop" if g and g[-1] == 2 else "length")
     stats = llm.llm_engine.stats
     assert llm.llm_engine.engine_core.engine_core.async_scheduling == ("sync" not in config_name)
     if "preemption" in config_name:
