@@ -14,9 +14,9 @@ causes: the host-to-device copies keep every tensor 16-byte aligned (see
 heuristics can choose, the linear layers' small-M kernel for each layer shape, and the
 sampler's one-pass kernel. The other layer kernels have one variant each, compiled by the
 first forward pass or graph capture, except Qwen3's fused q/k norm + RoPE kernel, which has
-two: the memory-profiling pass (no cache yet) compiles the one without the cache write and
-graph capture the one with it; with ``enforce_eager`` the writing variant compiles at the
-first step, as the separate cache-write kernel it replaces did.
+two: the memory-profiling pass (no cache yet) compiles the one without the cache write,
+and this warm-up the one with it (graph capture would too, but with ``enforce_eager``
+nothing is captured, and the first step compiled it).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def kernel_warmup(runner: Any) -> None:
             warm_up_small_m_kernels(runner.model)
             warm_up_norm_gemv(runner.model)  # the norm + projection kernel of decode
             _warm_up_sampler(runner)
+            for model in _models(runner):
+                warm_up_kv_cache_write(model)
     if runner.attn_backend.name != "triton" or runner.device.type != "cuda":
         return
     from minivllm.attention.backends.triton_attn import warm_up_attention
@@ -62,6 +64,42 @@ def kernel_warmup(runner: Any) -> None:
     logger.info(
         "compiled %d attention kernel variants in %.1f s", count, time.perf_counter() - start
     )
+
+
+def _models(runner: Any) -> list[torch.nn.Module]:
+    """The runner's model and, with speculative decoding, its draft model."""
+    drafter = getattr(runner, "drafter", None)
+    return [runner.model] + ([drafter.model] if drafter is not None else [])
+
+
+def warm_up_kv_cache_write(model: torch.nn.Module) -> int:
+    """Launch the q/k norm + RoPE op of ``model``'s first Qwen3-style attention layer once
+    with a cache write to the padding slot (-1: nothing is stored), so the kernel's
+    cache-writing variant compiles now. Its inputs are laid out as a step's: column
+    slices of one qkv row, the layer's own cache pair, int64 positions and slots, so the
+    launch has the same specialization. One layer is enough: every layer of a model has
+    the same shapes. Returns the number of launches (0 for models without the fused op,
+    before the cache is bound, or with a backend that writes its own cache)."""
+    from minivllm.attention.layer import KVCacheUpdate
+
+    for module in model.modules():
+        fused = getattr(module, "qk_norm_rotary", None)
+        if fused is None:
+            continue
+        attn = module.attn
+        if attn.kv_cache is None or attn.backend is None or not attn.backend.fused_kv_cache_write:
+            return 0
+        weight = module.q_norm.weight
+        qkv = torch.zeros(1, module.q_size + 2 * module.kv_size, dtype=weight.dtype,
+                          device=weight.device)  # fmt: skip
+        q, k, v = qkv.split([module.q_size, module.kv_size, module.kv_size], dim=-1)
+        positions = torch.zeros(1, dtype=torch.long, device=weight.device)
+        slots = torch.full((1,), -1, dtype=torch.long, device=weight.device)
+        with torch.inference_mode():
+            fused(positions, q, k, weight, module.k_norm.weight, v,
+                  KVCacheUpdate(*attn.kv_cache, slots))  # fmt: skip
+        return 1
+    return 0
 
 
 def _warm_up_sampler(runner: Any) -> None:

@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from tests.tiny_models import make_tiny_model
 
@@ -26,7 +27,8 @@ SCRIPT = textwrap.dedent(
         return sorted(p.name for p in Path(os.environ["TRITON_CACHE_DIR"]).iterdir())
 
     llm = LLM(sys.argv[1], dtype="bfloat16", max_model_len=4096, max_num_seqs=64,
-              max_num_batched_tokens=1024, attention_backend="triton")
+              max_num_batched_tokens=1024, attention_backend="triton",
+              enforce_eager=sys.argv[2] == "eager")
     ready = entries()
     # Every shape class: 1 to 900-token prompts (odd and even counts, chunked beyond
     # the budget), batches of 1 to 64, long contexts (split-KV), greedy and sampled.
@@ -50,13 +52,14 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.gpu
-def test_no_kernel_compiles_after_startup(tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["graphs", "eager"])
+def test_no_kernel_compiles_after_startup(tmp_path, mode: str) -> None:
     model = make_tiny_model("qwen3", tmp_path / "model", max_position_embeddings=4096)
     cache = tmp_path / "triton-cache"
     cache.mkdir()
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(model)],
+        [sys.executable, "-c", SCRIPT, str(model), mode],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -64,3 +67,43 @@ def test_no_kernel_compiles_after_startup(tmp_path) -> None:
     _, ready, _, after = line.split()
     assert int(ready) > 0
     assert ready == after, proc.stdout[-2000:]
+
+
+def test_kv_cache_write_variant_warms_up_without_storing(tmp_path, monkeypatch) -> None:
+    """With ``enforce_eager`` nothing is captured, so the warm-up itself launches the q/k
+    kernel's cache-writing variant: once, through the layer's own op, to the padding slot,
+    which leaves every cache byte as it was. (Whether it compiles the same variant a step
+    launches is what the GPU test above checks.)"""
+    from minivllm import LLM
+    from minivllm.model_executor.custom_op import CustomOp
+    from minivllm.model_executor.layers import triton_qk_norm_rope
+    from minivllm.worker.kernel_warmup import warm_up_kv_cache_write
+
+    calls = []
+    real = triton_qk_norm_rope.qk_norm_rope_kv_cache
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(triton_qk_norm_rope, "qk_norm_rope_kv_cache", spy)
+    path = make_tiny_model("qwen3", tmp_path / "model")
+    for backend, launches in (("triton", 1), ("torch", 0)):
+        llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=64,
+                  attention_backend=backend, enforce_eager=True)  # fmt: skip
+
+        def warm(runner):
+            caches = [c for pair in runner.kv_caches for c in pair]
+            for c in caches:  # a known pattern: the pool is allocated uninitialised
+                c.copy_(torch.arange(c.numel(), dtype=c.dtype).view_as(c))
+            before = [c.clone() for c in caches]
+            with CustomOp.force("cuda"):
+                count = warm_up_kv_cache_write(runner.model)
+            return count, all(torch.equal(a, b) for a, b in zip(before, caches))
+
+        calls.clear()
+        assert llm.collective_rpc(warm) == [(launches, True)]
+        assert len(calls) == launches
+        if launches:
+            slots = calls[0][-1]
+            assert slots.tolist() == [-1] and slots.dtype == torch.long
