@@ -21,7 +21,8 @@ in a model step, and launch overhead is amortised as under graph replay. Bandwid
 weight bytes (plus x and y) over the time. Each configuration's output is checked against a
 float32 ``F.linear`` of the same inputs and run twice for bitwise equality (the split-K
 reduction must be deterministic). ``--budget-s`` stops the sweep in time and marks the
-rest skipped, so a GPU call with a time limit still returns a result.
+rest skipped, so a GPU call with a time limit still returns a result. Before timing, a
+sweep compiles every variant in ``--compile-workers`` processes (``kernel_gemv_compile.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.benchmarks.common import environment, measure_copy_bandwidth
+from minivllm.benchmarks.kernel_gemv_compile import compile_in_parallel
 
 DTYPE = torch.bfloat16
 # (name, N output features, K input features) of Qwen3-0.6B's linear layers.
@@ -239,50 +241,6 @@ def triton_next_power_of_2(m: int) -> int:
     return 1 << max(0, m - 1).bit_length()
 
 
-def _compile_variants(jobs: list[tuple[int, dict, bool]]) -> int:
-    """Compile each ``(m, config)`` by launching it on small inputs that Triton specialises
-    like the real shapes (every size a multiple of 16); runs in a worker process and fills
-    Triton's on-disk cache, from which the timing process then loads every variant."""
-    from minivllm.model_executor.layers.triton_skinny_gemm import launch_skinny_gemm
-    from minivllm.model_executor.layers.utils import GemvConfig
-
-    x = torch.randn(8, 512, dtype=DTYPE, device="cuda")
-    w = torch.randn(64, 256, dtype=DTYPE, device="cuda")
-    out = torch.empty(8, 64, dtype=DTYPE, device="cuda")
-    done = 0
-    for m, config, gated in jobs:
-        m = min(m, 8)  # M is not specialised on: a few rows compile the same variant
-        try:
-            launch_skinny_gemm(out[:m], x[:m] if gated else x[:m, :256], w, None,
-                               GemvConfig(**config), gated=gated)  # fmt: skip
-            done += 1
-        except Exception:  # noqa: BLE001 - the sweep records the error when it meets it
-            pass
-    torch.cuda.synchronize()
-    return done
-
-
-def compile_in_parallel(jobs: list[tuple[int, dict, bool]], workers: int) -> float:
-    """Compile the sweep's kernel variants in ``workers`` processes; seconds taken.
-
-    Compilation, not timing, is what a sweep of a few hundred variants spends its time
-    on, and it runs on one CPU core per process.
-    """
-    import concurrent.futures
-    import multiprocessing
-
-    start = time.monotonic()
-    chunks = [jobs[i::workers] for i in range(workers)]
-    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        # By module path, so the spawned workers import it (this file may be __main__).
-        from minivllm.benchmarks import kernel_gemv
-
-        done = sum(pool.map(kernel_gemv._compile_variants, [c for c in chunks if c]))
-    print(f"compiled {done}/{len(jobs)} variants in {time.monotonic() - start:.1f} s", flush=True)
-    return time.monotonic() - start
-
-
 def _variants(args: argparse.Namespace) -> list[tuple[int, dict, bool]]:
     """The distinct compiled variants the sweep launches: (a representative M, config,
     gated)."""
@@ -315,7 +273,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
     if args.sweep and args.compile_workers > 0:
-        result["compile_s"] = compile_in_parallel(_variants(args), args.compile_workers)
+        result["compile_s"] = compile_in_parallel(_variants(args), args.compile_workers, DTYPE)
     shapes = [(*s, False) for s in SHAPES if s[0] in args.layers]
     shapes += [(*s, True) for s in SHAPES if s[0] in args.gated]
     for m in args.batches:
