@@ -76,23 +76,29 @@ class Attention(nn.Module):
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.backend: AttentionBackend | None = None
 
+    def can_fuse_kv_cache_write(self) -> bool:
+        """Whether an op before attention may write this layer's cache: the cache is bound
+        and the backend lets it (``AttentionBackend.fused_kv_cache_write``; off for the
+        torch backend, the oracle the kernels are checked against; upstream fuses only
+        for backends whose ``fused_rope_kvcache_supported`` says so)."""
+        return (
+            self.kv_cache is not None
+            and self.backend is not None
+            and self.backend.fused_kv_cache_write
+        )
+
     def fusable_kv_cache_update(self) -> KVCacheUpdate | None:
         """What an op fused before attention needs to write this step's K/V to the cache
         itself, or None when ``forward`` must write them (then pass it nothing).
 
-        None during the memory-profiling run (no metadata: nothing may be written), before
-        the cache is bound, and with a backend that keeps its own write
-        (``AttentionBackend.fused_kv_cache_write`` off: the torch backend, the oracle the
-        kernels are checked against; upstream fuses only for backends whose
-        ``fused_rope_kvcache_supported`` says so).
+        None during the memory-profiling run (no metadata: nothing may be written) and
+        where :meth:`can_fuse_kv_cache_write` says no.
         Decided on the host from the forward context alone (no device work, no sync), so
         a captured CUDA graph holds whichever path its capture took, and its replays
         write the cache exactly as the capture did.
         """
         attn_metadata = get_forward_context().attn_metadata
-        if attn_metadata is None or self.kv_cache is None or self.backend is None:
-            return None
-        if not self.backend.fused_kv_cache_write:
+        if attn_metadata is None or not self.can_fuse_kv_cache_write():
             return None
         return KVCacheUpdate(*self.kv_cache, attn_metadata.slot_mapping)
 

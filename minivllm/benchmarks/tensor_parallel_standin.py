@@ -39,6 +39,10 @@ STANDIN_DIR = "/tmp/minivllm-bench"
 # Special ids moved into a smaller vocabulary, counted down from its last id (Qwen3 keeps
 # its special tokens at the top of the vocabulary too).
 _SPECIAL_IDS = {"eos_token_id": 1, "bos_token_id": 2, "pad_token_id": 3}
+# The config fields that make a stand-in's shape: checked on a reused checkpoint, recorded
+# in the JSON.
+SHAPE_FIELDS = ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                "vocab_size", "hidden_size", "num_hidden_layers")  # fmt: skip
 
 
 def add_rank_standin_args(parser: argparse.ArgumentParser) -> None:
@@ -176,9 +180,7 @@ def check_standin_checkpoint(path: Path, shape: dict[str, Any]) -> None:
         ValueError: An earlier run left a different shape at ``path``.
     """
     saved = json.loads((path / "config.json").read_text())
-    fields = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
-              "hidden_size", "num_hidden_layers")  # fmt: skip
-    wrong = [f for f in fields if saved.get(f) != shape.get(f)]
+    wrong = [f for f in SHAPE_FIELDS if saved.get(f) != shape.get(f)]
     if wrong:
         raise ValueError(
             f"{path} holds another shape ({', '.join(wrong)} differ): delete it or pass "
@@ -206,11 +208,9 @@ def standin_figures(
 ) -> dict[str, Any]:
     """The JSON's ``rank_standin``: the engine's figures for the stand-in, its shape and
     ``tp1_over_standin``, TP=N's speed-up ceiling from per-rank work alone."""
-    keys = ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-            "vocab_size", "hidden_size", "num_hidden_layers")  # fmt: skip
     return {
         **figures,
         "of_tensor_parallel_size": tp,
-        "shape": {k: shape.get(k) for k in keys},
+        "shape": {k: shape.get(k) for k in SHAPE_FIELDS},
         "tp1_over_standin": figures["output_tokens_per_s"] / tp1["output_tokens_per_s"],
     }

@@ -87,7 +87,7 @@ def warm_up_kv_cache_write(model: torch.nn.Module) -> int:
         if fused is None:
             continue
         attn = module.attn
-        if attn.kv_cache is None or attn.backend is None or not attn.backend.fused_kv_cache_write:
+        if not attn.can_fuse_kv_cache_write():
             return 0
         weight = module.q_norm.weight
         qkv = torch.zeros(1, module.q_size + 2 * module.kv_size, dtype=weight.dtype,
