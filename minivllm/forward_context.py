@@ -10,6 +10,7 @@ context variable set by the model runner for the duration of the forward pass.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -46,6 +47,21 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         """Number of sequences in the batch."""
         return self.seq_lens.shape[0]
+
+    @functools.cached_property
+    def seq_order(self) -> torch.Tensor | None:
+        """A decode batch's sequences, longest context first (``[num_seqs]`` int64 on
+        the device), or None for a batch with longer queries.
+
+        The launch order of the attention kernel (see "Launch order" in
+        ``triton_unified_attention.py``). Computed on first use, by the first attention
+        layer of the step, and shared by the others: one small sort per step. It runs on
+        the device so that a captured CUDA graph replays it, on the lengths of that
+        replay.
+        """
+        if self.max_query_len != 1:
+            return None
+        return torch.argsort(self.seq_lens, descending=True)
 
 
 @dataclass

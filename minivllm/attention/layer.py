@@ -160,5 +160,6 @@ class Attention(nn.Module):
             max_seq_len=attn_metadata.max_seq_len,
             key=k,
             value=v,
+            seq_order=attn_metadata.seq_order if self.backend.takes_seq_order else None,
         )
         return out.view(num_tokens, self.num_heads * self.head_size)

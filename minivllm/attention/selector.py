@@ -40,6 +40,8 @@ class PagedAttention(Protocol):
     use them to pick a launch configuration without reading the device, or ignore them.
     ``key``/``value`` are this step's keys and values, already written to the cache: a
     backend may read the query chunk's own keys from them instead of the cache.
+    ``seq_order`` is a device-side permutation of the sequences (longest context first)
+    that a backend may run them in; it never changes the result.
     """
 
     def __call__(
@@ -56,6 +58,7 @@ class PagedAttention(Protocol):
         max_seq_len: int | None = None,
         key: torch.Tensor | None = None,
         value: torch.Tensor | None = None,
+        seq_order: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -67,12 +70,17 @@ class AttentionBackend:
     this backend's place (``Attention.fusable_kv_cache_update``); upstream asks the same of
     a backend's ``fused_rope_kvcache_supported``. Off for the torch backend, the oracle the
     kernels are checked against, which keeps its own write.
+
+    ``takes_seq_order``: whether ``paged_attention`` uses a decode batch's
+    ``AttentionMetadata.seq_order``; the layer asks the metadata for it (one
+    ``torch.argsort`` per step) only for such a backend.
     """
 
     name: str
     reshape_and_cache: ReshapeAndCache
     paged_attention: PagedAttention
     fused_kv_cache_write: bool = False
+    takes_seq_order: bool = False
 
 
 def triton_available() -> tuple[bool, str]:
@@ -120,7 +128,7 @@ def get_attn_backend(name: str, device: torch.device) -> AttentionBackend:
 
         return AttentionBackend(
             "triton", triton_attn.reshape_and_cache, triton_attn.paged_attention,
-            fused_kv_cache_write=True,
+            fused_kv_cache_write=True, takes_seq_order=True,
         )  # fmt: skip
     from minivllm.attention import reference
 
@@ -140,6 +148,7 @@ def _reference_paged_attention(
     max_seq_len: int | None = None,
     key: torch.Tensor | None = None,
     value: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The torch oracle behind the backend signature (it needs no launch hints, and reads
     every key from the cache)."""

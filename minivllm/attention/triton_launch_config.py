@@ -42,17 +42,23 @@ class AttentionLaunchConfig:
 
 # Tuned on an H200 (see docs/benchmarks/kernel.json and the PagedAttention chapter).
 DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES = 64, 4, 2
-# From this many sequences on, decode uses longer key tiles with a deeper pipeline: with
-# ragged contexts (a continuous batch) they are 6-14% faster, with equal contexts within
-# 1-3% (docs/benchmarks/kernel_sweep_ragged.json). First set at 128, where 64 x 2,048
-# equal contexts had shown the long tiles slower; at 96 sequences of 800 to 2,000 tokens
-# they took 0.93x the time, at 64 still more than the short ones
-# (docs/benchmarks/perf3/kernel_sweep_workload.json).
+# From this many sequences on, a decode-sized launch in batch order uses longer key tiles
+# with a deeper pipeline: with ragged contexts (a continuous batch) they are 6-14% faster,
+# with equal contexts within 1-3% (docs/benchmarks/kernel_sweep_ragged.json). First set
+# at 128, where 64 x 2,048 equal contexts had shown the long tiles slower; at 96 sequences
+# of 800 to 2,000 tokens they took 0.93x the time, at 64 still more than the short ones
+# (docs/benchmarks/perf3/kernel_sweep_workload.json). What they won was the last wave:
+# one such program fits an SM, so a long context started late kept one SM busy alone.
+# A decode batch launched longest first (``ordered``, see "Launch order" in
+# triton_unified_attention.py) has no such wave, and there the short tiles, three
+# programs to an SM, are as fast or faster at every batch size
+# (docs/benchmarks/perf5/kernel_sweep_decode.json): it keeps them.
 DECODE_LARGE_BATCH = 96
-# A decode batch is split into KV segments while it has fewer programs than this many per
-# SM (see select_config).
-DECODE_SPLIT_PROGRAMS_PER_SM = 2
 DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES = 128, 4, 3
+# A decode-sized batch is split into KV segments while it has fewer programs than this
+# many per SM (see select_config); a decode batch launched longest first, than the second.
+DECODE_SPLIT_PROGRAMS_PER_SM = 2
+ORDERED_DECODE_SPLIT_PROGRAMS_PER_SM = 4
 PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES = 128, 128, 8, 2
 # Prefills whose sequences are all at most this long use smaller tiles. A prompt of a few
 # hundred tokens gives each program a loop of a few key tiles, too short for the deep
@@ -112,12 +118,14 @@ def select_config(
     num_kv_splits: int | None = None,
     head_size: int = 128,
     element_size: int = 2,
+    ordered: bool = False,
 ) -> AttentionLaunchConfig:
     """Pick tiles and the split-KV segment count from host-side sizes only (no sync).
 
     Decode-like batches (short queries) use the smallest row tile the tensor cores
     accept, 16 rows, because only ``group`` rows per sequence carry a real query, with
-    longer key tiles from ``DECODE_LARGE_BATCH`` sequences on; long queries use 128-row
+    longer key tiles from ``DECODE_LARGE_BATCH`` sequences on unless the batch is
+    ``ordered`` (a decode batch launched longest context first); long queries use 128-row
     tiles to reuse each K/V tile across many queries (64-row tiles with 64 keys while no
     sequence is longer than ``PREFILL_SHORT_MAX_SEQ_LEN``), and read their chunk's own
     keys from this step's dense key/value tensors (``new_kv``) unless they split. Split-KV
@@ -125,7 +133,7 @@ def select_config(
     """
     group = num_heads // num_kv_heads
     head_pad = triton.next_power_of_2(head_size)
-    block_m, tile_n, warps, stages = _family_tiles(max_query_len, num_seqs, max_seq_len)
+    block_m, tile_n, warps, stages = _family_tiles(max_query_len, num_seqs, max_seq_len, ordered)
     block_m = max(block_m, triton.next_power_of_2(group))
     if num_kv_splits is None:
         active = max(num_seqs, triton.cdiv(num_tokens, block_m // group)) * num_kv_heads
@@ -133,12 +141,15 @@ def select_config(
         # A decode batch splits until it has DECODE_SPLIT_PROGRAMS_PER_SM programs per SM,
         # not just one: at 32 sequences of 800 to 2,000 tokens (256 programs on 132 SMs)
         # two segments took about 0.75x the time of one; at 64 (512 programs) splitting
-        # no longer paid (docs/benchmarks/perf3/kernel_sweep_workload.json). A prefill
-        # keeps the plain rule: splitting it gives up reading its chunk's keys densely.
+        # no longer paid (docs/benchmarks/perf3/kernel_sweep_workload.json). Launched
+        # longest first, two segments still pay at 48 and 64 sequences (0.90x and 0.93x
+        # the time, docs/benchmarks/perf5/kernel_sweep_decode.json), hence the higher
+        # threshold. A prefill keeps the plain rule: splitting it gives up reading its
+        # chunk's keys densely.
         decode = max_query_len < PREFILL_MIN_QUERY_LEN
+        per_sm = ORDERED_DECODE_SPLIT_PROGRAMS_PER_SM if ordered else DECODE_SPLIT_PROGRAMS_PER_SM
         segments = choose_num_segments(
-            active, max_seq_len, sms,
-            split_below=DECODE_SPLIT_PROGRAMS_PER_SM * sms if decode else None,
+            active, max_seq_len, sms, split_below=per_sm * sms if decode else None
         )
     else:
         segments = num_kv_splits
@@ -185,7 +196,7 @@ def tma_available(device: torch.device) -> bool:
 
 
 def _family_tiles(
-    max_query_len: int, num_seqs: int, max_seq_len: int
+    max_query_len: int, num_seqs: int, max_seq_len: int, ordered: bool = False
 ) -> tuple[int, int, int, int]:
     """``(block_m, tile_n, num_warps, num_stages)`` of the batch's tile family."""
     if max_query_len >= PREFILL_MIN_QUERY_LEN:
@@ -193,7 +204,7 @@ def _family_tiles(
             return (PREFILL_SHORT_BLOCK_M, PREFILL_SHORT_TILE_N, PREFILL_SHORT_WARPS,
                     PREFILL_SHORT_STAGES)
         return PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES
-    if num_seqs >= DECODE_LARGE_BATCH:
+    if num_seqs >= DECODE_LARGE_BATCH and not ordered:
         return 16, DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES
     return 16, DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES
 
@@ -206,10 +217,13 @@ def launch_configs(
     element_size: int,
     max_model_len: int,
     device: torch.device,
+    ordered: bool = False,
 ) -> list[AttentionLaunchConfig]:
     """Every configuration :func:`select_config` can return for one model: each tile
     family (small-batch decode, large-batch decode, short and long prefill) with each
     split-KV segment count the heuristic can choose for contexts up to ``max_model_len``.
+    With ``ordered``, those of decode batches launched in a given sequence order (one
+    family, with each segment count).
 
     Each is a separate compiled kernel (tiles and segments are ``tl.constexpr``), so the
     engine compiles them all while it starts rather than in the middle of a request.
@@ -217,9 +231,7 @@ def launch_configs(
     # One active program is the emptiest grid, so it gets the most segments.
     most = choose_num_segments(1, max_model_len, num_multiprocessors(device))
     families = (
-        (1, 1),
-        (1, DECODE_LARGE_BATCH),
-        (PREFILL_MIN_QUERY_LEN, 1),
+        ((1, 1),) if ordered else ((1, 1), (1, DECODE_LARGE_BATCH), (PREFILL_MIN_QUERY_LEN, 1))
     )
     configs = []
     for max_query_len, num_seqs in families:
@@ -237,6 +249,7 @@ def launch_configs(
                     num_kv_splits=1 << log_segments,
                     head_size=head_size,
                     element_size=element_size,
+                    ordered=ordered,
                 )
                 if config not in configs:
                     configs.append(config)

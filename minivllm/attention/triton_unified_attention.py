@@ -10,7 +10,8 @@ through it; in short:
   sequence's tokens start. The grid's first axis enumerates *q-blocks* (``BLOCK_Q``
   consecutive tokens of one sequence), longest first, and each program finds its
   sequence by binary search, so prefills, chunks and single decode tokens share one
-  launch.
+  launch. A decode batch may instead come with ``seq_order``, its sequences longest
+  context first: program ``i`` then serves the ``i``-th of them (see *Launch order*).
 * A tile holds ``BLOCK_M = BLOCK_Q * group`` rows: every query head that shares one KV
   head, for each of the q-block's tokens (GQA packing). One K/V tile load then serves
   the whole group, which is what makes grouped-query decode memory-efficient.
@@ -20,6 +21,17 @@ through it; in short:
 * With ``NUM_SEGMENTS > 1`` the KV range is split across a second grid axis; partial
   results go to scratch buffers, merged by the last segment to finish
   (``merge_if_last_segment``) or by ``reduce_segments_kernel`` (split-KV).
+
+Launch order. A decode program's work is its context length, and contexts in a
+continuous batch are ragged (a few hundred to a few thousand tokens). The GPU starts
+programs in grid order as multiprocessors free up, so if a long context happens to come
+last, the whole launch waits for it while most SMs idle: the classic makespan problem.
+Starting the longest first (the "longest processing time" rule) keeps the last wave
+short. The host knows every length, but the order is taken on the device
+(``torch.argsort`` of ``seq_lens``, once per step, in ``AttentionMetadata.seq_order``)
+so that it sits inside a captured CUDA graph and follows lengths that async scheduling
+corrects on the device. The order changes which program runs when, never what one
+computes: the output is bitwise the same.
 """
 
 from __future__ import annotations
@@ -77,6 +89,7 @@ def kernel_unified_attention(
     block_table_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    seq_order_ptr,
     key_ptr,
     value_ptr,
     key_desc,
@@ -108,6 +121,7 @@ def kernel_unified_attention(
     NUM_SEGMENTS: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,
     NEW_KV: tl.constexpr,
+    SEQ_ORDER: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -123,11 +137,19 @@ def kernel_unified_attention(
     segment = tl.program_id(1)
 
     # -- which sequence, and which of its tokens, this program serves ----------------
-    seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    if SEQ_ORDER:
+        # One q-block per sequence (every query fits BLOCK_Q), sequences in the given
+        # order: longest context first (see "Launch order" above).
+        seq = tl.load(seq_order_ptr + pair // NUM_KV_HEADS).to(tl.int32)
+    else:
+        seq = find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
-    local_block = q_block - (q_start // BLOCK_Q + seq)
+    if SEQ_ORDER:  # noqa: SIM108 - Triton merges names set in both branches of an if
+        local_block = 0
+    else:
+        local_block = q_block - (q_start // BLOCK_Q + seq)
     if local_block * BLOCK_Q >= q_len:
         return  # a spare q-block past this sequence's last token
     context_len = seq_len - q_len  # tokens cached before this step
@@ -247,13 +269,18 @@ def launch_unified_attention(
     config: AttentionLaunchConfig,
     key: torch.Tensor | None = None,
     value: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
 ) -> None:
     """Launch the unified kernel (and the split-KV reduce) on validated tensors.
 
     ``key``/``value`` are this step's ``[num_tokens, num_kv_heads, head_size]`` keys and
     values (already written to the cache); a configuration with ``new_kv`` reads the
     chunk's own keys from them instead of the cache. Without them, or when they cannot
-    stand in for the cache (another dtype), the cache is read.
+    stand in for the cache (another dtype), the cache is read. ``seq_order`` (a
+    permutation of the sequences, ``[num_seqs]`` int32/int64) is the order programs serve
+    them in; the caller guarantees that no query is longer than ``BLOCK_Q``
+    (``config.block_m // group``; the engine passes it for one-token queries only), so
+    each sequence is one q-block.
     """
     num_tokens, num_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
@@ -267,8 +294,10 @@ def launch_unified_attention(
     segments = config.num_segments
     fused = segments > 1 and config.fused_reduce
     # Upper bound on q-blocks without reading query lengths from the device:
-    # sum_s ceil(len_s / BLOCK_Q) <= num_tokens // BLOCK_Q + num_seqs.
-    grid = ((num_tokens // block_q + num_seqs) * num_kv_heads, segments)
+    # sum_s ceil(len_s / BLOCK_Q) <= num_tokens // BLOCK_Q + num_seqs. In a given order,
+    # exactly one per sequence.
+    q_blocks = num_seqs if seq_order is not None else num_tokens // block_q + num_seqs
+    grid = (q_blocks * num_kv_heads, segments)
     if segments > 1:
         part_out = torch.empty(
             (num_tokens, num_heads, segments, head_pad), dtype=torch.float32, device=out.device
@@ -289,6 +318,7 @@ def launch_unified_attention(
         key = value = query  # never read; any tensor serves as the pointer
     kernel_unified_attention[grid](
         out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+        seq_lens if seq_order is None else seq_order,  # any tensor serves when unused
         key, value, key_desc, value_desc,
         part_out, part_max, part_sum, counters,
         scale * LOG2_E,  # scores live in the log2 domain so the kernel can use exp2
@@ -308,6 +338,7 @@ def launch_unified_attention(
         NUM_SEGMENTS=segments,
         FUSED_REDUCE=fused,
         NEW_KV=new_kv,
+        SEQ_ORDER=seq_order is not None,
         # float32 runs in exact IEEE mode (tf32 would cost ~1e-3 relative error).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRETED,

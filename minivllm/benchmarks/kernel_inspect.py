@@ -37,6 +37,7 @@ _POINTER_TYPES = {
     "block_table_ptr": "i32",
     "seq_lens_ptr": "i32",
     "query_start_loc_ptr": "i32",
+    "seq_order_ptr": "i64",
     "counter_ptr": "i32",
     "part_out_ptr": "fp32",
     "part_max_ptr": "fp32",
@@ -64,6 +65,7 @@ def _source(config: AttentionLaunchConfig, dtype: str):
         "NUM_SEGMENTS": config.num_segments,
         "FUSED_REDUCE": config.fused_reduce and config.num_segments > 1,
         "NEW_KV": config.new_kv if config.num_segments == 1 else 0,
+        "SEQ_ORDER": False,  # the kernel's own q-block walk, as every launch before
         "DOT_PRECISION": "tf32",
         "UPCAST_DOT": False,
     }

@@ -14,8 +14,9 @@ kernel's candidate configurations on two kinds of batch, and records for each ba
   prompts of a few hundred tokens, where a program's loop over keys is a few tiles long
   and the 128 x 128 tiles' shared memory leaves room for one program per SM.
 * **Decode segments** at the batch sizes the workload passes through as its requests
-  finish (16 to 128 sequences, contexts of 800 to 2,000 tokens): key tiles, pipeline
-  depth, split-KV segments and the two merges.
+  finish (16 to 256 sequences, contexts of 800 to 2,000 tokens): key tiles, pipeline
+  depth, split-KV segments and the two merges, each in the batch's own order and longest
+  context first (``seq_order``, what the engine launches).
 
 Upstream picks its tiles from the head size and dtype alone (``_get_tile_size`` in
 ``vllm/v1/attention/ops/triton_unified_attention.py``) and its split-KV segment count
@@ -139,12 +140,16 @@ def config_row(config: AttentionLaunchConfig, **fields: object) -> dict:
     return {"config": config.__dict__, **config.__dict__, **fields}
 
 
-def time_config(inputs: dict, config: AttentionLaunchConfig) -> float:
+def time_config(
+    inputs: dict, config: AttentionLaunchConfig, seq_order: torch.Tensor | None = None
+) -> float:
     """Device milliseconds of one launch (cold L2, launch overhead amortised)."""
     paged = {name: inputs[name] for name in ("key_cache", "value_cache", "block_table")}
     args = launcher_args(inputs["query"], paged, inputs["seq_lens"], inputs["query_start_loc"])
     return _bench_graph(
-        lambda: launch_unified_attention(*args, config, key=inputs["key"], value=inputs["value"])
+        lambda: launch_unified_attention(
+            *args, config, key=inputs["key"], value=inputs["value"], seq_order=seq_order
+        )
     )
 
 
@@ -185,9 +190,9 @@ def sweep_batch(name: str, seqs: list[tuple[int, int]], seed: int) -> dict:
     }
 
 
-# 48: a scratch sweep of the ninth session found the 64-key tiles the rules pick there
-# well behind 128-key ones; the next run of this sweep decides it (see Benchmarks).
-DECODE_BATCHES = (16, 32, 48, 64, 96, 128)
+# 48 and 192-256 were added when the launch order came in: the rules for decode batches
+# launched longest first were set from them (docs/benchmarks/perf5/kernel_sweep_decode*.json).
+DECODE_BATCHES = (16, 32, 48, 64, 96, 128, 192, 256)
 DECODE_CONFIGS = (  # tile_n, stages (4 warps, 16 rows: the decode family)
     (64, 2),
     (128, 3),
@@ -198,10 +203,12 @@ DECODE_SEGMENTS = ((1, False), (2, False), (2, True), (4, False), (4, True))
 
 def sweep_decode_batch(batch: int, copy_bw: float, seed: int) -> dict:
     """Decode configurations and segment counts on ``batch`` sequences whose contexts are
-    uniform in 800..2,000 tokens, and the one ``select_config`` picks."""
+    uniform in 800..2,000 tokens, longest first, and the one ``select_config`` picks
+    (longest first, as the engine runs it, and in batch order)."""
     rng = random.Random(seed)
     seqs = [(rng.randint(800, 2000), 1) for _ in range(batch)]
     inputs = batch_inputs(seqs, seed)
+    longest_first = torch.argsort(inputs["seq_lens"], descending=True)
     nbytes = 2 * sum(c + n for c, n in seqs) * NUM_KV_HEADS * HEAD_SIZE * DTYPE.itemsize
     auto = picked_config(seqs)
     rows = []
@@ -209,15 +216,20 @@ def sweep_decode_batch(batch: int, copy_bw: float, seed: int) -> dict:
         AttentionLaunchConfig(16, tile, 4, stages, segments, fused)
         for (tile, stages), (segments, fused) in itertools.product(DECODE_CONFIGS, DECODE_SEGMENTS)
     ]
-    for config in [*configs, auto] if auto not in configs else configs:
-        ms = time_config(inputs, config)
+    # Every candidate longest first (as the engine launches); the pick also in batch order.
+    runs = [(config, True) for config in (configs if auto in configs else [*configs, auto])]
+    for config, ordered in [*runs, (auto, False)]:
+        ms = time_config(inputs, config, longest_first if ordered else None)
         pct = 100 * nbytes / (ms * 1e-3) / copy_bw
-        rows.append(config_row(config, ms=ms, auto=config == auto, pct_copy_bw=pct))
+        rows.append(config_row(config, ms=ms, ordered=ordered,
+                               auto=config == auto and ordered, pct_copy_bw=pct))  # fmt: skip
     best = min(rows, key=lambda r: r["ms"])
     picked = next(r for r in rows if r["auto"])
+    unordered = next(r for r in rows if r["config"] == auto.__dict__ and not r["ordered"])
     print(
-        f"decode B{batch}: best {best['config']} {best['ms'] * 1e3:.0f} us; select_config "
-        f"{auto} {picked['ms'] * 1e3:.0f} us",
+        f"decode B{batch}: best {best['config']} ordered={best['ordered']} "
+        f"{best['ms'] * 1e3:.0f} us; select_config {auto} {picked['ms'] * 1e3:.0f} us "
+        f"longest first, {unordered['ms'] * 1e3:.0f} us in batch order",
         flush=True,
     )
     return {
@@ -226,8 +238,10 @@ def sweep_decode_batch(batch: int, copy_bw: float, seed: int) -> dict:
         "select_config": auto.__dict__,
         "select_config_ms": picked["ms"],
         "select_config_pct_copy_bw": picked["pct_copy_bw"],
+        "select_config_batch_order_ms": unordered["ms"],
         "best_ms": best["ms"],
         "best_config": best["config"],
+        "best_ordered": best["ordered"],
         "rows": rows,
     }
 
@@ -241,6 +255,10 @@ def main(argv: list[str] | None = None) -> None:
         help="only the decode batches (a fraction of the sweep's time: the prefill "
         "batches compile and time many more tile configurations)",
     )  # fmt: skip
+    parser.add_argument(
+        "--decode-batches", type=int, nargs="+", default=list(DECODE_BATCHES),
+        help="the decode batch sizes to sweep",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.exit(2, f"{parser.prog}: error: needs a CUDA GPU\n")
@@ -251,14 +269,17 @@ def main(argv: list[str] | None = None) -> None:
         "batches": {},
         "decode": [],
     }
+    # Written after every batch: a run stopped by a time limit keeps what it measured.
+    output = Path(args.output)
     if not args.decode_only:
         for i, (name, seqs) in enumerate(workload_batches().items()):
             result["batches"][name] = sweep_batch(name, seqs, seed=i)
+            output.write_text(json.dumps(result, indent=2) + "\n")
             torch.cuda.empty_cache()
-    for batch in DECODE_BATCHES:
+    for batch in args.decode_batches:
         result["decode"].append(sweep_decode_batch(batch, copy_bw, seed=batch))
+        output.write_text(json.dumps(result, indent=2) + "\n")
         torch.cuda.empty_cache()
-    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -29,9 +29,12 @@ def _batch() -> PagedBatch:
                             group=GROUP, head_size=HEAD_SIZE, dtype=torch.float32)  # fmt: skip
 
 
-def _layer(batch: PagedBatch, name: str) -> tuple[Attention, list[torch.Tensor]]:
+def _layer(
+    batch: PagedBatch, name: str, hints: list[dict] | None = None
+) -> tuple[Attention, list[torch.Tensor]]:
     """An Attention layer bound to ``batch``'s cache and a backend called ``name``; the
-    list records the slot mapping of every cache write the backend makes."""
+    list records the slot mapping of every cache write the backend makes, ``hints`` (if
+    given) the keyword hints of every attention call."""
     writes: list[torch.Tensor] = []
 
     def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -39,7 +42,9 @@ def _layer(batch: PagedBatch, name: str) -> tuple[Attention, list[torch.Tensor]]
         reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
     def paged_attention(query, key_cache, value_cache, block_table, seq_lens,
-                        query_start_loc, scale, **hints) -> torch.Tensor:  # fmt: skip
+                        query_start_loc, scale, **kwargs) -> torch.Tensor:  # fmt: skip
+        if hints is not None:
+            hints.append(kwargs)
         return reference.paged_attention(
             query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale
         )
@@ -47,7 +52,8 @@ def _layer(batch: PagedBatch, name: str) -> tuple[Attention, list[torch.Tensor]]
     layer = Attention(NUM_KV_HEADS * GROUP, HEAD_SIZE, batch.scale, NUM_KV_HEADS, "layers.0")
     layer.kv_cache = (batch.key_cache, batch.value_cache)
     layer.backend = AttentionBackend(name, reshape_and_cache, paged_attention,
-                                     fused_kv_cache_write=name == "triton")  # fmt: skip
+                                     fused_kv_cache_write=name == "triton",
+                                     takes_seq_order=name == "triton")  # fmt: skip
     return layer, writes
 
 
@@ -118,3 +124,24 @@ def test_rejects_an_update_of_another_layer_or_step():
     with set_forward_context(None), pytest.raises(ValueError, match="no step is running"):
         layer(q, k, v, kv_cache_updated=update)
     assert writes == []
+
+
+def test_hands_a_decode_batch_order_only_to_a_backend_that_takes_it():
+    """The Triton backend gets the step's ``seq_order`` (one sort shared by every layer of
+    the step); the torch oracle is never handed one, and the metadata never sorts for it."""
+    decode = make_paged_batch([(5, 1), (9, 1), (2, 1)], block_size=4,
+                              num_kv_heads=NUM_KV_HEADS, group=GROUP, head_size=HEAD_SIZE,
+                              dtype=torch.float32)  # fmt: skip
+    seen: dict[str, list[dict]] = {"torch": [], "triton": []}  # the oracle first
+    layers = {name: _layer(decode, name, seen[name])[0] for name in seen}
+    metadata = _metadata(decode)
+    with set_forward_context(metadata):
+        for name, layer in layers.items():
+            if name == "torch":
+                assert "seq_order" not in metadata.__dict__  # not sorted for the oracle
+            layer(*_flat(decode))
+            layer(*_flat(decode))
+    orders = [hints["seq_order"] for hints in seen["triton"]]
+    assert orders[0] is orders[1] is metadata.seq_order
+    assert orders[0].tolist() == [1, 0, 2]
+    assert [hints["seq_order"] for hints in seen["torch"]] == [None, None]

@@ -148,6 +148,8 @@ def test_reshape_and_cache_skips_negative_slots_and_casts() -> None:
         ({"num_kv_splits": 3}, "num_kv_splits"),
         ({"value_cache": torch.randn(4, 8, 2, 32)}, "value_cache"),
         ({"out": torch.empty(3, 4, 32)}, "out must match"),
+        ({"seq_order": torch.tensor([1, 0, 2])}, "seq_order"),
+        ({"seq_order": torch.tensor([1.0, 0.0])}, "seq_order"),
     ],
 )
 def test_paged_attention_rejects_bad_arguments(kwargs: dict, match: str) -> None:
@@ -210,9 +212,27 @@ def test_decode_batches_split_until_two_programs_per_sm(monkeypatch) -> None:
     assert prefill.num_segments == 1 and prefill.new_kv != 0
 
 
+def test_a_decode_batch_in_longest_first_order_keeps_the_short_tiles(monkeypatch) -> None:
+    """Launched longest first, a decode batch keeps the 64-key tiles at every size (the
+    long tiles won only the last wave, which the order removes) and splits until four
+    programs per SM: 48 sequences of 8 KV heads on 132 SMs split in two, 72 do not. In
+    batch order the same batches keep the long tiles and the two-per-SM rule."""
+    monkeypatch.setattr(tlc, "num_multiprocessors", lambda device: 132)
+    monkeypatch.setattr(tlc, "smem_budget", lambda device: 227 * 1024)
+    kwargs = dict(num_heads=16, num_kv_heads=8, max_query_len=1, max_seq_len=2000,
+                  device=torch.device("cpu"))
+    for ordered, tiles in ((True, (64, 2)), (False, (128, 3))):
+        big = select_config(num_tokens=256, num_seqs=256, ordered=ordered, **kwargs)
+        assert (big.tile_n, big.num_stages, big.num_segments) == (*tiles, 1)
+    assert select_config(num_tokens=48, num_seqs=48, ordered=True, **kwargs).num_segments == 2
+    assert select_config(num_tokens=48, num_seqs=48, **kwargs).num_segments == 1
+    assert select_config(num_tokens=72, num_seqs=72, ordered=True, **kwargs).num_segments == 1
+
+
 def test_large_batch_decode_config(monkeypatch) -> None:
-    """From DECODE_LARGE_BATCH sequences on, decode uses the long-tile configuration
-    (where shared memory allows it), and that configuration is exact on a ragged batch."""
+    """From DECODE_LARGE_BATCH sequences on, decode in batch order uses the long-tile
+    configuration (where shared memory allows it), and that configuration is exact on a
+    ragged batch."""
     kwargs = dict(num_heads=16, num_kv_heads=8, max_query_len=1, max_seq_len=4096)
     small = select_config(num_tokens=64, num_seqs=64, device=torch.device(DEVICE), **kwargs)
     assert (small.tile_n, small.num_stages) == (64, 2)
@@ -292,9 +312,11 @@ def test_ops_replay_in_a_cuda_graph() -> None:
     def step() -> None:
         triton_attn.reshape_and_cache(b.key, b.value, b.key_cache, b.value_cache,
                                      b.slot_mapping)
+        # The launch order is sorted inside the graph, as AttentionMetadata.seq_order is.
+        order = torch.argsort(b.seq_lens, descending=True)
         triton_attn.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                    b.seq_lens, b.query_start_loc, b.scale, out=out,
-                                   max_query_len=1, max_seq_len=4096)
+                                   max_query_len=1, max_seq_len=4096, seq_order=order)
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -334,6 +356,11 @@ def test_warm_up_covers_every_config_select_config_returns(heads: tuple, sms, mo
                              head_size=head_size, element_size=2,
                              max_model_len=max_model_len, device=device)
     assert len(configs) == len(set(configs))
+    ordered_configs = launch_configs(num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                    head_size=head_size, element_size=2,
+                                    max_model_len=max_model_len, device=device,
+                                    ordered=True)
+    assert set(ordered_configs) < set(configs)
     gen = torch.Generator().manual_seed(0)
     for _ in range(2000):
         num_seqs = int(torch.randint(1, 300, (1,), generator=gen))
@@ -345,6 +372,12 @@ def test_warm_up_covers_every_config_select_config_returns(heads: tuple, sms, mo
                                max_seq_len=max_seq_len, device=device, head_size=head_size,
                                element_size=2)
         assert config in configs, (num_tokens, num_seqs, max_query_len, max_seq_len, config)
+        if max_query_len == 1:  # a decode batch also runs in its seq_order
+            ordered = select_config(num_tokens=num_tokens, num_seqs=num_seqs,
+                                    num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                    max_query_len=1, max_seq_len=max_seq_len, device=device,
+                                    head_size=head_size, element_size=2, ordered=True)
+            assert ordered in ordered_configs, (num_seqs, max_seq_len, ordered)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "reduce-kernel"])
@@ -496,3 +529,60 @@ def test_prefills_read_the_step_keys_through_the_backend(monkeypatch) -> None:
         triton_attn.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
                                     b.seq_lens, b.query_start_loc, b.scale, key=b.key,
                                     value=b.value[:-1])
+
+
+@pytest.fixture
+def launched_orders(monkeypatch) -> list:
+    """The ``seq_order`` of every launch the backend makes."""
+    orders = []
+    real = tua.launch_unified_attention
+
+    def spy(*args, seq_order=None, **kwargs) -> None:
+        orders.append(seq_order)
+        real(*args, seq_order=seq_order, **kwargs)
+
+    monkeypatch.setattr(triton_attn, "launch_unified_attention", spy)
+    return orders
+
+
+@pytest.mark.parametrize("splits", [1, 2, None], ids=["one-segment", "two-segments", "auto"])
+def test_decode_in_a_given_order_is_bitwise_the_same(splits, launched_orders) -> None:
+    """A decode batch whose programs take the sequences in ``seq_order`` (longest first,
+    and an arbitrary permutation) writes exactly the bytes of the default order: the
+    order moves programs in time, not the arithmetic of any of them."""
+    seqs = [(37, 1), (150, 1), (5, 1), (90, 1), (61, 1)]
+    b = make_paged_batch(seqs, block_size=16, num_kv_heads=2, group=2, head_size=64,
+                         dtype=torch.bfloat16, device=DEVICE, seed=21)
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    outs = []
+    for order in (None, torch.argsort(b.seq_lens, descending=True), torch.tensor([3, 0, 4, 1, 2])):
+        out = torch.full_like(b.query, float("nan"))
+        triton_attn.paged_attention(
+            b.query, b.key_cache, b.value_cache, b.block_table, b.seq_lens,
+            b.query_start_loc, b.scale, out=out, max_query_len=1, max_seq_len=b.max_seq_len,
+            num_kv_splits=splits,
+            seq_order=None if order is None else order.to(device=DEVICE, dtype=torch.int32),
+        )
+        _check_close(out, ref, torch.bfloat16)
+        outs.append(out)
+    assert launched_orders[0] is None and all(o is not None for o in launched_orders[1:])
+    assert all(torch.equal(outs[0], out) for out in outs[1:])
+
+
+def test_seq_order_is_ignored_for_batches_with_longer_queries(launched_orders) -> None:
+    """A batch with longer queries keeps the kernel's own q-block walk (a sequence may be
+    several q-blocks there); the launcher is not handed the order."""
+    b = make_paged_batch(BATCHES["mixed"], block_size=8, num_kv_heads=1, group=2,
+                         head_size=64, dtype=torch.float32, device=DEVICE, seed=5)
+    _write_cache_both_ways(b)
+    ref = reference.paged_attention(b.query, b.key_cache, b.value_cache, b.block_table,
+                                    b.seq_lens, b.query_start_loc, b.scale)
+    order = torch.argsort(b.seq_lens, descending=True)
+    out = triton_attn.paged_attention(
+        b.query, b.key_cache, b.value_cache, b.block_table, b.seq_lens, b.query_start_loc,
+        b.scale, max_query_len=b.max_query_len, max_seq_len=b.max_seq_len, seq_order=order,
+    )
+    assert launched_orders == [None]
+    _check_close(out, ref, torch.float32)

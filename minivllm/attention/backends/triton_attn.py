@@ -167,8 +167,11 @@ def paged_attention_op(
     num_kv_splits: int | None,
     key: torch.Tensor | None = None,
     value: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
 ) -> None:
     """Registered op: paged attention into ``out`` (see :func:`paged_attention`)."""
+    if max_query_len != 1:
+        seq_order = None  # a sequence may span several q-blocks: the kernel finds them
     config = select_config(
         num_tokens=query.shape[0],
         num_seqs=seq_lens.shape[0],
@@ -180,17 +183,18 @@ def paged_attention_op(
         num_kv_splits=num_kv_splits,
         head_size=query.shape[2],
         element_size=query.element_size(),
+        ordered=seq_order is not None,
     )
     launch_unified_attention(
         query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, scale,
-        config, key=key, value=value,
+        config, key=key, value=value, seq_order=seq_order,
     )
 
 
 @paged_attention_op.register_fake
 def _paged_attention_fake(query, key_cache, value_cache, block_table, seq_lens,
                           query_start_loc, out, scale, max_query_len, max_seq_len,
-                          num_kv_splits, key=None, value=None) -> None:
+                          num_kv_splits, key=None, value=None, seq_order=None) -> None:
     return None
 
 
@@ -233,6 +237,7 @@ def paged_attention(
     num_kv_splits: int | None = None,
     key: torch.Tensor | None = None,
     value: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of each sequence's new tokens over its cached context (Triton).
 
@@ -253,12 +258,28 @@ def paged_attention(
         key: This step's keys, ``[num_tokens, num_kv_heads, head_size]``, as just written
             to the cache (``value`` likewise). A prefill then reads each chunk's own keys
             from these dense rows, and only the cached prefix through the block table.
+        seq_order: A permutation of the sequences, ``[num_seqs]`` int32/int64 on the
+            query's device: the order the kernel's programs take them in, best longest
+            context first (``AttentionMetadata.seq_order``). Used for a decode batch
+            (``max_query_len`` 1), ignored otherwise; it also selects the tiles measured
+            for that order. Not checked to be a permutation (that would read the
+            device); one that is not leaves rows unwritten.
 
     Returns:
         ``out``.
     """
     check_paged_attention_args(query, key_cache, value_cache, block_table, seq_lens,
                                query_start_loc, out)
+    if seq_order is not None and (
+        seq_order.dtype not in (torch.int32, torch.int64)
+        or tuple(seq_order.shape) != tuple(seq_lens.shape)
+        or seq_order.device != query.device
+    ):
+        raise ValueError(
+            f"seq_order must be int32/int64 of shape {tuple(seq_lens.shape)} on "
+            f"{query.device}, got {tuple(seq_order.shape)}/{seq_order.dtype} on "
+            f"{seq_order.device}"
+        )
     if (key is None) != (value is None):
         raise ValueError("key and value must be given together (or neither)")
     if key is not None:
@@ -275,6 +296,7 @@ def paged_attention(
     torch.ops.minivllm.paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out,
         float(scale), int(max_query_len), int(max_seq_len), num_kv_splits, key, value,
+        seq_order,
     )
     return out
 
@@ -284,7 +306,8 @@ def warm_up_attention(
 ) -> int:
     """Compile every attention kernel variant the engine can launch; return how many.
 
-    Each configuration of :func:`launch_configs` runs once on a one-token batch that
+    Each configuration of :func:`launch_configs` runs once on a one-token batch (the
+    decode ones twice, also in a given sequence order) that
     reads block 0 of the given cache and writes only a scratch output, so the real
     cache's dtype, layout and alignment are what Triton specializes on. The query, key
     and value are views of one fused projection row, as the model hands them over (their
@@ -305,7 +328,7 @@ def warm_up_attention(
     block_table = torch.zeros(1, 1, **i32)
     seq_lens = torch.ones(1, **i32)
     query_start_loc = torch.tensor([0, 1], **i32)
-    configs = launch_configs(
+    sizes = dict(
         num_heads=num_heads,
         num_kv_heads=key_cache.shape[2],
         head_size=head_size,
@@ -313,9 +336,14 @@ def warm_up_attention(
         max_model_len=max_model_len,
         device=device,
     )
-    for config in configs:
+    # A decode batch runs its sequences in a given order (AttentionMetadata.seq_order,
+    # int64 from torch.argsort): another variant of each decode configuration.
+    seq_order = torch.zeros(1, dtype=torch.int64, device=device)
+    launches = [(config, None) for config in launch_configs(**sizes)]
+    launches += [(config, seq_order) for config in launch_configs(**sizes, ordered=True)]
+    for config, order in launches:
         launch_unified_attention(
             query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, 1.0,
-            config, key=key, value=value,
+            config, key=key, value=value, seq_order=order,
         )
-    return len(configs)
+    return len(launches)
