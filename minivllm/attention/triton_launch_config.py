@@ -55,8 +55,9 @@ DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES = 64, 4, 2
 # (docs/benchmarks/perf5/kernel_sweep_decode.json): it keeps them.
 DECODE_LARGE_BATCH = 96
 DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES = 128, 4, 3
-# A decode-sized batch is split into KV segments while it has fewer programs than this
-# many per SM (see select_config); a decode batch launched longest first, than the second.
+# A decode-sized batch in batch order is split into KV segments while it has fewer
+# programs than DECODE_SPLIT_PROGRAMS_PER_SM per SM; a decode batch launched longest
+# first, while it has fewer than ORDERED_DECODE_SPLIT_PROGRAMS_PER_SM (see select_config).
 DECODE_SPLIT_PROGRAMS_PER_SM = 2
 ORDERED_DECODE_SPLIT_PROGRAMS_PER_SM = 4
 PREFILL_BLOCK_M, PREFILL_TILE_N, PREFILL_WARPS, PREFILL_STAGES = 128, 128, 8, 2
@@ -142,7 +143,7 @@ def select_config(
         # not just one: at 32 sequences of 800 to 2,000 tokens (256 programs on 132 SMs)
         # two segments took about 0.75x the time of one; at 64 (512 programs) splitting
         # no longer paid (docs/benchmarks/perf3/kernel_sweep_workload.json). Launched
-        # longest first, two segments still pay at 48 and 64 sequences (0.90x and 0.93x
+        # longest first, two segments still pay at 48 and 64 sequences (0.92x and 0.93x
         # the time, docs/benchmarks/perf5/kernel_sweep_decode.json), hence the higher
         # threshold. A prefill keeps the plain rule: splitting it gives up reading its
         # chunk's keys densely.
