@@ -51,8 +51,8 @@ DECODE_TILE_N, DECODE_WARPS, DECODE_STAGES = 64, 4, 2
 # one such program fits an SM, so a long context started late kept one SM busy alone.
 # A decode batch launched longest first (``ordered``, see "Launch order" in
 # triton_unified_attention.py) has no such wave, and there the short tiles, three
-# programs to an SM, are as fast or faster at every batch size
-# (docs/benchmarks/perf5/kernel_sweep_decode.json): it keeps them.
+# programs to an SM, are the fastest candidate from 96 sequences up or within 1% of it
+# (docs/benchmarks/perf5/kernel_sweep_decode*.json): it keeps them.
 DECODE_LARGE_BATCH = 96
 DECODE_LARGE_TILE_N, DECODE_LARGE_WARPS, DECODE_LARGE_STAGES = 128, 4, 3
 # A decode-sized batch in batch order is split into KV segments while it has fewer
