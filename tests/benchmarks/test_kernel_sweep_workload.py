@@ -54,3 +54,38 @@ def test_chosen_batches_and_a_stopped_sweep_keeps_what_it_measured(tmp_path, mon
     with pytest.raises(TimeoutError):
         sweep.main([str(out), "--decode-only", "--decode-batches", "256", "48", "96", "8"])
     assert [d["batch"] for d in json.loads(out.read_text())["decode"]] == [256, 48]
+
+
+def test_decode_sweep_times_the_engines_pick_longest_first(monkeypatch) -> None:
+    """At 256 sequences on an H200-sized GPU the engine's pick (``ordered``) is timed
+    longest first and the batch-order pick, a different configuration, in batch order;
+    every other candidate longest first. (Timings faked: the sweep needs a GPU.)"""
+    import torch
+
+    from minivllm.attention import triton_launch_config as tlc
+
+    monkeypatch.setattr(tlc, "num_multiprocessors", lambda device: 132)
+    monkeypatch.setattr(tlc, "smem_budget", lambda device: 227 * 1024)
+    monkeypatch.setattr(
+        sweep, "batch_inputs",
+        lambda seqs, seed: {"seq_lens": torch.tensor([c + n for c, n in seqs])},
+    )  # fmt: skip
+    timed = []
+
+    def fake_time(inputs, config, seq_order=None) -> float:
+        timed.append((config, seq_order is not None))
+        return 0.1 + 0.01 * len(timed)
+
+    monkeypatch.setattr(sweep, "time_config", fake_time)
+    result = sweep.sweep_decode_batch(256, copy_bw=1e12, seed=0)
+    engine = sweep.picked_config([(1000, 1)] * 256, ordered=True)
+    batch_order = sweep.picked_config([(1000, 1)] * 256)
+    assert engine != batch_order and (engine.tile_n, batch_order.tile_n) == (64, 128)
+    assert result["select_config"] == engine.__dict__
+    assert result["batch_order_config"] == batch_order.__dict__
+    assert timed[-1] == (batch_order, False)
+    assert all(ordered for _, ordered in timed[:-1])
+    assert (engine, True) in timed
+    picked = [r for r in result["rows"] if r["auto"]]
+    assert len(picked) == 1 and picked[0]["ordered"]
+    assert picked[0]["ms"] == result["select_config_ms"]
