@@ -32,13 +32,17 @@ class RequestStatus(enum.IntEnum):
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
         """True for every terminal state."""
-        return status > RequestStatus.PREEMPTED
+        return status > _LAST_UNFINISHED
 
     @staticmethod
     def get_finished_reason(status: RequestStatus) -> str | None:
         """The OpenAI-style ``finish_reason`` of a terminal state."""
         return _FINISHED_REASONS.get(status)
 
+
+# A module name, not ``RequestStatus.PREEMPTED``: looking a member up through its Enum
+# class costs ~0.2 us, and the test runs several times per request per step.
+_LAST_UNFINISHED = RequestStatus.PREEMPTED
 
 _FINISHED_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
@@ -150,8 +154,9 @@ class Request:
             self.block_hashes.extend(self._block_hasher(self))
 
     def is_finished(self) -> bool:
-        """True once the request reached a terminal state."""
-        return RequestStatus.is_finished(self.status)
+        """True once the request reached a terminal state (``RequestStatus.is_finished``
+        inlined: this runs several times per request per step)."""
+        return self.status > _LAST_UNFINISHED
 
     def get_finished_reason(self) -> str | None:
         """``"stop"``, ``"length"``, ``"abort"``, ``"error"`` or None while running."""

@@ -44,6 +44,7 @@ import torch
 
 from minivllm.forward_context import AttentionMetadata, set_forward_context
 from minivllm.utils.math_utils import cdiv
+from minivllm.utils.torch_utils import copy_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class DraftProposalGraphs:
         num_reqs = len(batch.needs_sample)
         layout = self._host_layout(size, batch)
         self.host_layout[: layout.size].copy_(
-            _pinned(layout, self.proposer.device), non_blocking=True
+            copy_to_device([layout], np.int64, self.proposer.device)[0], non_blocking=True
         )
         self.input_ids[: input_ids.shape[0]].copy_(input_ids, non_blocking=True)
         self.next_ids[:num_reqs].copy_(next_token_ids, non_blocking=True)
@@ -240,9 +241,3 @@ class DraftProposalGraphs:
         torch.cuda.synchronize()
         logger.info("captured the draft's whole proposal for batch sizes %s", self.capture_sizes)
 
-
-def _pinned(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``array`` in page-locked memory when it goes to a GPU, so its copy never makes the
-    host wait (see ``utils.torch_utils.copy_to_device``)."""
-    host = torch.from_numpy(array)
-    return host.pin_memory() if device.type == "cuda" else host

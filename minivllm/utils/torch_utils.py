@@ -1,15 +1,18 @@
 """Torch helpers used by more than one package.
 
 Upstream counterpart: ``vllm/utils/torch_utils.py`` (its pinned-memory and
-``async_tensor_h2d`` helpers); the packing into one page-locked buffer follows Model
-Runner V2 (``vllm/v1/worker/gpu/``). The sampler's metadata (``sample/``) and the model
-runner (``worker/``) both use it, so it lives below both.
+``async_tensor_h2d`` helpers); the packing into one page-locked buffer, reused from a
+ring, follows Model Runner V2 (``vllm/v1/worker/gpu/buffer_utils.py``). The sampler's
+metadata (``sample/``) and the model runner (``worker/``) both use it, so it lives below
+both.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from minivllm.utils.buffer_utils import pinned_pool
 
 ALIGN_BYTES = 16
 
@@ -22,54 +25,45 @@ def copy_to_device(
     From ordinary (pageable) memory, CUDA may stage a host-to-device copy synchronously,
     stalling the host until the device has caught up with everything queued before it,
     which is exactly the wait async scheduling is meant to remove. So the arrays are
-    packed into one temporary page-locked buffer (Model Runner V2's approach; torch's
-    caching host allocator keeps it alive until the copy has run) and copied at once;
-    the results are views of one device buffer, each with its array's shape.
+    packed into one page-locked buffer, reused from a ring
+    (``utils/buffer_utils.py``: no allocation and no torch CPU op per step), and copied
+    at once; the results are views of one device buffer, each with its array's shape,
+    all of dtype ``dtype``.
     """
-    itemsize = np.dtype(dtype).itemsize
-    # Each array starts on a 16-byte boundary: Triton specializes pointer arguments on
-    # 16-byte alignment, so a view at an odd offset would compile a second variant of a
-    # kernel in the middle of a run (see worker/kernel_warmup.py).
-    step = max(1, ALIGN_BYTES // itemsize)
-    starts, total = [], 0
-    for a in arrays:
-        starts.append(total)
-        total += -(-a.size // step) * step
-    flat = np.zeros(total, dtype=dtype)
-    for a, start in zip(arrays, starts):
-        flat[start : start + a.size] = a.ravel()
-    host = torch.from_numpy(flat)
-    if device.type == "cuda":
-        packed = host.pin_memory().to(device, non_blocking=True)
-    else:
-        packed = host.to(device)
-    return [packed[start : start + a.size].view(a.shape) for a, start in zip(arrays, starts)]
+    return copy_arrays_to_device(arrays, [dtype] * len(arrays), device)
 
 
 def copy_arrays_to_device(
     arrays: list[np.ndarray], dtypes: list[type], device: torch.device
 ) -> list[torch.Tensor]:
-    """``copy_to_device`` for arrays of different integer widths: array ``i`` arrives as
+    """``copy_to_device`` for arrays of different widths: array ``i`` arrives as
     ``dtypes[i]``, all of them in one copy.
 
-    The arrays are laid out as bytes in one buffer (each on a 16-byte boundary, as in
-    ``copy_to_device``), so a step whose host work ends in int64 positions and int32
-    block tables pays for one page-locked buffer and one transfer instead of two; each
-    result is a view of the one device buffer, reinterpreted with its own dtype.
+    The arrays are laid out as bytes in one buffer, so a step whose host work ends in
+    int64 positions and int32 block tables pays for one transfer instead of two; each
+    result is a view of the one device buffer, reinterpreted with its own dtype. Each
+    array starts on a 16-byte boundary: Triton specializes pointer arguments on 16-byte
+    alignment, so a view at an odd offset would compile a second variant of a kernel in
+    the middle of a run (see worker/kernel_warmup.py).
     """
     layout, total = [], 0
     for a, dtype in zip(arrays, dtypes, strict=True):
         nbytes = a.size * np.dtype(dtype).itemsize
         layout.append((total, nbytes))
         total += -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
-    flat = np.zeros(total, dtype=np.uint8)
-    for a, dtype, (start, nbytes) in zip(arrays, dtypes, layout):
-        flat[start : start + nbytes].view(dtype)[:] = a.ravel()
-    host = torch.from_numpy(flat)
+
+    def fill(flat: np.ndarray) -> None:
+        for a, dtype, (start, nbytes) in zip(arrays, dtypes, layout):
+            flat[start : start + nbytes].view(dtype)[:] = a.ravel()
+
     if device.type == "cuda":
-        packed = host.pin_memory().to(device, non_blocking=True)
+        packed = pinned_pool(device).copy_to_device(total, fill)
     else:
-        packed = host.to(device)
+        # Off CUDA the "device" tensors are host memory themselves: a fresh buffer each
+        # time, since the views outlive the call.
+        flat = np.empty(total, dtype=np.uint8)
+        fill(flat)
+        packed = torch.from_numpy(flat).to(device)
     return [
         packed[start : start + nbytes].view(_TORCH_DTYPES[np.dtype(dtype)]).view(a.shape)
         for a, dtype, (start, nbytes) in zip(arrays, dtypes, layout)

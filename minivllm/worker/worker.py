@@ -64,9 +64,7 @@ class Worker:
             backend = "nccl"
         else:
             backend = "gloo"
-        # The ranks share the machine's cores: without this each would start one
-        # intra-op thread per core and they would fight over them.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(cpu_threads(device, world))
         self.vllm_config = dataclasses.replace(self.vllm_config, device=device)
         init_distributed_environment(world, self.rank, self.distributed_init_method, backend)
         if world > 1:
@@ -142,3 +140,23 @@ def _fill_unsampled_inputs(scheduler_output: SchedulerOutput) -> None:
         missing = s.num_scheduled_tokens - len(s.token_ids)
         if missing > 0:
             s.request.append_output_token_ids([0] * missing)
+
+
+def cpu_threads(device: torch.device, world: int) -> int:
+    """Torch's intra-op threads for a rank (upstream: ``set_multiprocessing_worker_envs``
+    in ``vllm/v1/executor/multiproc_executor.py``).
+
+    On a GPU, one, unless ``OMP_NUM_THREADS`` says otherwise: the rank's compute runs on
+    the device, and a pool of host threads only hurts. A torch CPU op big enough to be
+    split wakes every thread of the pool, and the threads then spin between steps,
+    beside the one thread that schedules and launches every step (Benchmarks, eighth
+    round). On the CPU
+    the ranks share the machine's cores: without a split each would start one thread
+    per core and they would fight over them.
+    """
+    if device.type == "cuda":
+        raw = os.environ.get("OMP_NUM_THREADS") or "1"
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"OMP_NUM_THREADS must be a positive integer, got {raw!r}")
+        return int(raw)
+    return max(1, (os.cpu_count() or 1) // world)
