@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import sys
 import time
@@ -108,6 +109,8 @@ def environment() -> dict[str, Any]:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        # It sets torch's CPU threads on a GPU (worker.cpu_threads): part of the setup.
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     }
     try:
         import triton

@@ -67,6 +67,9 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-timeline", action="store_true",
                         help="one more temperature run with every step timed, then one under "
                              "the profiler: where the whole run's time goes (one GPU only)")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="time the temperature workload this many more times: the "
+                             "spread of the wall clock, with the host's busy time per run")
     parser.add_argument("--cold", action="store_true",
                         help="as a new user meets it: fresh processes with an empty Triton "
                              "cache; start-up time cold and warm, first timed run vs second")
@@ -140,6 +143,8 @@ def engine_figures(llm) -> dict[str, Any]:
 
 def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark and write the JSON result."""
+    if args.repeats < 0:
+        raise ValueError(f"--repeats must be >= 0, got {args.repeats}")
     if args.cold or args.cold_child:
         from minivllm.benchmarks.throughput_cold import run_cold_bench
 
@@ -169,8 +174,9 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.tensor_parallel_size > 1:  # the model is in the workers, out of reach
         print(f"minivllm tp={args.tensor_parallel_size}: "
               f"{mini['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s", flush=True)
-        if args.step_timeline:  # it wraps the model runner, which lives in the workers here
-            print("--step-timeline skipped: it needs the in-process model runner (TP 1)")
+        if args.step_timeline or args.repeats:  # they wrap the model runner (in the workers)
+            print("--step-timeline / --repeats skipped: they need the in-process model "
+                  "runner (TP 1)")
         write_json(Path(args.output), result)
         llm.shutdown()
         return result
@@ -193,6 +199,12 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     write_json(Path(args.output), result)
     if args.compare_sync and llm.llm_engine.engine_core.engine_core.async_scheduling:
         result["sync"] = compare_sync(llm, workload, seconds)
+    if args.repeats:
+        from minivllm.benchmarks.throughput_repeats import print_repeats, run_repeats
+
+        result["repeats"] = run_repeats(llm, workload, args.repeats, roof.max_output_tokens_per_s)
+        print_repeats(result["repeats"])
+        write_json(Path(args.output), result)
     if args.step_timeline:
         from minivllm.benchmarks.step_timeline import run_step_timeline
 
