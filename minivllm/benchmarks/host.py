@@ -27,6 +27,10 @@ def add_host_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--prepare-batch", type=int, default=256,
+                        help="requests per step of the prepare_inputs measurement")
+    parser.add_argument("--prepare-blocks", type=int, nargs="*", default=[16, 70, 128],
+                        help="blocks per request of the prepare_inputs measurement (none: skip)")
 
 
 def _stub_model(llm: Any, vocab: int) -> None:
@@ -110,6 +114,12 @@ def run_host_bench(args: argparse.Namespace) -> dict[str, Any]:
     from minivllm import LLM
     from minivllm.demo import demo_model_path
 
+    for name in ("steps", "prepare_batch"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if any(b < 1 for b in args.prepare_blocks):
+        raise ValueError(f"--prepare-blocks must all be >= 1, got {args.prepare_blocks}")
+
     max_len = args.prompt_len + args.steps + 8
     llm = LLM(str(demo_model_path()), device="cpu", dtype="float32",
               max_model_len=max_len, max_num_seqs=max(args.batch_sizes),
@@ -120,6 +130,15 @@ def run_host_bench(args: argparse.Namespace) -> dict[str, Any]:
         print(f"batch {r['batch']:4d}: {r['ms_per_step']:.3f} ms/step (schedule "
               f"{r['schedule_ms']:.3f}, runner {r['execute_ms']:.3f}, update "
               f"{r['update_ms']:.3f}, other {r['other_ms']:.3f})", flush=True)
-    result = {**environment(), "note": "model forward and logits stubbed out", "rows": rows}
+    from minivllm.benchmarks.host_prepare import measure_prepare_inputs
+
+    prepare = [measure_prepare_inputs(args.prepare_batch, b, args.steps)
+               for b in args.prepare_blocks]  # fmt: skip
+    for r in prepare:
+        print(f"prepare_inputs, {r['batch']} requests x {r['blocks_per_request']} blocks: "
+              f"{r['persistent_median_us']:.0f} us with the kept block table, "
+              f"{r['rebuilt_median_us']:.0f} us rebuilt (medians)", flush=True)
+    result = {**environment(), "note": "model forward and logits stubbed out", "rows": rows,
+              "prepare_inputs": prepare}
     write_json(Path(args.output), result)
     return result

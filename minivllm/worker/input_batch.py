@@ -5,7 +5,9 @@ Upstream counterpart: Model Runner V2's ``vllm/v1/worker/gpu/input_batch.py``
 (``InputBatch``, and the runner's ``prepare_inputs``); the V1 runner builds it in
 ``GPUModelRunner._prepare_inputs`` (``vllm/v1/worker/gpu_model_runner.py``). minivllm
 rebuilds it from the scheduler's requests every step instead of updating a persistent
-batch, so the whole construction is one function of the step's ``SchedulerOutput``.
+batch, so the construction is one function of the step's ``SchedulerOutput``; the one
+exception is the block table, which keeps each request's row across steps
+(``worker/block_table.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from minivllm.spec_decode.draft_model import TargetBatch
 from minivllm.spec_decode.metadata import SpecDecodeMetadata
 from minivllm.utils.torch_utils import copy_arrays_to_device, copy_to_device
 from minivllm.worker.async_spec import PrevStep, fill_drafts_in_flight, slots_on_device
+from minivllm.worker.block_table import BlockTable
 
 
 @dataclass
@@ -41,7 +44,11 @@ class ModelInputs:
 
 
 def prepare_inputs(
-    scheduler_output: SchedulerOutput, block_size: int, device: torch.device, prev: PrevStep
+    scheduler_output: SchedulerOutput,
+    block_size: int,
+    device: torch.device,
+    prev: PrevStep,
+    block_tables: BlockTable,
 ) -> ModelInputs:
     """Lay every scheduled token end to end and compute its slot and sequence.
 
@@ -51,7 +58,9 @@ def prepare_inputs(
     one copy (int64 and int32 arrays side by side) that never makes the host wait.
 
     ``prev`` is the step still in flight under async scheduling (its sampled tokens and
-    drafts stay on the device; the placeholders read them from there).
+    drafts stay on the device; the placeholders read them from there). ``block_tables``
+    keeps every live request's block ids from step to step (the runner's; freed rows
+    are given back before this is called), so only new blocks are written here.
     """
     bs = block_size
     scheduled = scheduler_output.scheduled
@@ -61,13 +70,11 @@ def prepare_inputs(
     query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
     np.cumsum(num_new, out=query_start_loc[1:])
     seq_lens = (starts + num_new).astype(np.int32)
-    num_blocks = np.fromiter((len(s.block_ids) for s in scheduled), np.int64, num_reqs)
-    block_table = np.zeros((num_reqs, int(num_blocks.max())), dtype=np.int32)
+    block_table, num_blocks = block_tables.gather(block_tables.update(scheduled))
     tokens: list[int] = []
     placeholders: list[tuple[int, str]] = []  # (flat index, request id)
     in_flight_rows: list[int] = []  # batch rows of those requests
     for i, s in enumerate(scheduled):
-        block_table[i, : len(s.block_ids)] = s.block_ids
         known = s.token_ids
         if len(known) < s.num_scheduled_tokens:
             # Async scheduling: the first input is the token the step in flight

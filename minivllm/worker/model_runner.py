@@ -33,8 +33,10 @@ from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingType
 from minivllm.spec_decode.draft_graph import DraftProposalGraphs, proposal_graphs_enabled
 from minivllm.spec_decode.draft_model import DraftModelProposer
+from minivllm.utils.math_utils import cdiv
 from minivllm.worker.async_spec import PrevStep
 from minivllm.worker.async_utils import AsyncOutput
+from minivllm.worker.block_table import BlockTable
 from minivllm.worker.cuda_graph import CUDAGraphRunner
 from minivllm.worker.input_batch import ModelInputs, prepare_inputs
 from minivllm.worker.kernel_warmup import kernel_warmup
@@ -95,6 +97,11 @@ class ModelRunner:
         # With a draft model also its drafts, and the drafts it rejected (async_spec.py).
         self._prev = PrevStep()
         self._prev_output: AsyncOutput | None = None
+        # Every live request's block ids, kept across steps: a step writes new ids only.
+        self.block_tables = BlockTable(
+            self.scheduler_config.max_num_seqs,
+            cdiv(self.model_config.max_model_len, self.block_size),
+        )
         # LLM.start_profile / stop_profile: this rank's torch profiler.
         self.profiler = TorchProfilerWrapper(get_tensor_model_parallel_rank())
 
@@ -181,7 +188,9 @@ class ModelRunner:
     def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> ModelInputs:
         """The step's flat batch (``worker/input_batch.py``), the step in flight's tokens
         read on the device."""
-        return prepare_inputs(scheduler_output, self.block_size, self.device, self._prev)
+        return prepare_inputs(
+            scheduler_output, self.block_size, self.device, self._prev, self.block_tables
+        )
 
     def _update_generators(self, scheduler_output: SchedulerOutput) -> None:
         for req_id in scheduler_output.finished_req_ids:
@@ -217,6 +226,10 @@ class ModelRunner:
         their input (verify their drafts, with speculative decoding), then let a draft
         model propose. Returns before the device is done; ``get_output()`` waits for it."""
         self._update_generators(scheduler_output)
+        # Before any row is written: a request preempted and admitted again in one step
+        # keeps the row it gets now.
+        self.block_tables.free(scheduler_output.finished_req_ids)
+        self.block_tables.free(scheduler_output.preempted_req_ids)
         if scheduler_output.is_empty:
             return AsyncOutput(ModelRunnerOutput([], []), None)
         inputs = self._prepare_inputs(scheduler_output)

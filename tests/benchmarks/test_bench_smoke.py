@@ -142,15 +142,29 @@ def test_bench_host_splits_the_step(tmp_path) -> None:
             "20",
             "--steps",
             "5",
+            "--prepare-batch",
+            "8",
+            "--prepare-blocks",
+            "3",
+            "40",
             "--output",
             str(out),
         ]
     )
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert [r["batch"] for r in rows] == [1, 4]
     for r in rows:
         parts = r["schedule_ms"] + r["execute_ms"] + r["update_ms"]
         assert 0 < parts <= r["ms_per_step"] * 1.01
+    prepare = result["prepare_inputs"]
+    assert [(r["batch"], r["blocks_per_request"], r["steps"]) for r in prepare] == [
+        (8, 3, 5),
+        (8, 40, 5),
+    ]
+    for r in prepare:
+        assert 0 < r["persistent_min_us"] <= r["persistent_median_us"]
+        assert 0 < r["rebuilt_min_us"] <= r["rebuilt_median_us"]
 
 
 def test_gpu_benchmarks_refuse_a_cpu_without_allow_cpu(qwen3_dir, tmp_path, capsys, monkeypatch):
