@@ -56,8 +56,9 @@ def _install_model_stubs(runner: Any, vocab: int) -> None:
     runner.model.compute_logits = compute_logits
 
 
-def _timed(obj: Any, name: str, totals: dict[str, float], key: str) -> None:
-    """Wrap ``obj.name`` so the seconds spent in it add up in ``totals[key]``."""
+def time_calls(obj: Any, name: str, totals: dict[str, float], key: str) -> None:
+    """Wrap ``obj.name`` (an instance attribute, which ``del`` removes again) so the
+    seconds spent in it add up in ``totals[key]``."""
     inner = getattr(obj, name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -93,9 +94,9 @@ def measure_batch(llm: Any, batch: int, prompt_len: int, steps: int) -> dict[str
     phases = {"schedule": 0.0, "execute": 0.0, "update": 0.0}
     core = engine.engine_core.engine_core  # white-box: the EngineCore the engine steps
     sched = core.scheduler
-    _timed(sched, "schedule", phases, "schedule")
-    _timed(core.model_executor, "execute_model_async", phases, "execute")
-    _timed(sched, "update_from_output", phases, "update")
+    time_calls(sched, "schedule", phases, "schedule")
+    time_calls(core.model_executor, "execute_model_async", phases, "execute")
+    time_calls(sched, "update_from_output", phases, "update")
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
+from minivllm.benchmarks.host import time_calls
 from minivllm.benchmarks.throughput import SAMPLED_TEMPERATURE, generate_workload
 from minivllm.benchmarks.workloads import Workload
 
@@ -36,42 +35,34 @@ class HostBusy:
     def __init__(self, llm: Any) -> None:
         self.engine = llm.llm_engine
         self.runner = self.engine.engine_core.engine_core.model_executor.model_runner
-        self.step_s = 0.0
-        self.wait_s = 0.0
+        self.totals = {"step": 0.0, "wait": 0.0}
 
     def __enter__(self) -> HostBusy:
-        step, execute = self.engine.step, self.runner.execute_model_async
+        time_calls(self.engine, "step", self.totals, "step")
+        execute = self.runner.execute_model_async
 
-        def timed_step() -> Any:
-            t0 = time.perf_counter()
-            try:
-                return step()
-            finally:
-                self.step_s += time.perf_counter() - t0
-
-        def timed_execute(scheduler_output: Any) -> Any:
+        def execute_and_time_the_wait(scheduler_output: Any) -> Any:
             handle = execute(scheduler_output)
-            handle.get_output = self._timed_wait(handle.get_output)
+            time_calls(handle, "get_output", self.totals, "wait")
             return handle
 
-        self.engine.step = timed_step
-        self.runner.execute_model_async = timed_execute
+        self.runner.execute_model_async = execute_and_time_the_wait
         return self
-
-    def _timed_wait(self, get_output: Callable[[], Any]) -> Callable[[], Any]:
-        def wait() -> Any:
-            t0 = time.perf_counter()
-            try:
-                return get_output()
-            finally:
-                self.wait_s += time.perf_counter() - t0
-
-        return wait
 
     def __exit__(self, *exc: object) -> None:
         # The wrappers are instance attributes: deleting them uncovers the methods.
         del self.engine.step
         del self.runner.execute_model_async
+
+    @property
+    def step_s(self) -> float:
+        """Host seconds in ``LLMEngine.step``."""
+        return self.totals["step"]
+
+    @property
+    def wait_s(self) -> float:
+        """Of those, seconds blocked in ``get_output()`` until the GPU had the tokens."""
+        return self.totals["wait"]
 
     @property
     def busy_s(self) -> float:
