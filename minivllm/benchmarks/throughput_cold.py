@@ -11,7 +11,11 @@ the whole workload at temperature 0.6 through ``LLM.generate``), in a fresh proc
   folder, now filled, in a second fresh process);
 * the first timed run against a second one in the same process (equal when nothing
   compiles mid-run), and a greedy run;
-* each as output tokens/s and as a share of the decode roofline.
+* each as output tokens/s and as a share of the decode roofline, with the kernels Triton
+  compiled during it (new entries in the cache folder: 0 when the start-up compiled
+  everything) and the step loop's busy time and garbage-collector pauses;
+* where the first run lost time against the second, step by step
+  (``benchmarks/step_compare.py``).
 
 Upstream counterpart: ``vllm bench throughput`` (``vllm/benchmarks/throughput.py``), which
 does not separate cold from warm; its start-up compiles (torch.compile, CUDA graphs) are
@@ -21,6 +25,7 @@ cached under ``~/.cache/vllm`` the same way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -64,6 +69,11 @@ def run_cold_bench(args: argparse.Namespace) -> dict[str, Any]:
           f"first timed run {first['output_tokens_per_s']:.0f} tok/s, second "
           f"{second['output_tokens_per_s']:.0f} tok/s ({result['first_over_second']:.1%})",
           flush=True)
+    steps = cold.get("first_vs_second_steps")
+    if steps is not None:
+        print(f"the first run's steps took {1e3 * steps['excess_s']:.0f} ms more than the "
+              f"second's: {1e3 * steps['prefill_excess_s']:.0f} ms in prefill steps, "
+              f"{1e3 * steps['decode_excess_s']:.0f} ms in decode steps", flush=True)
     write_json(Path(args.output), result)
     return result
 
@@ -91,6 +101,8 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
     """Start the engine (timed), warm up on one tiny request, then time the workload
     twice sampled and once greedy."""
     from minivllm import SamplingParams
+    from minivllm.benchmarks.step_compare import StepLog, compare_steps
+    from minivllm.benchmarks.throughput_repeats import GcPauses, HostBusy
 
     workload = throughput_workload(args.num_requests, 0, tuple(args.input_len_range),
                                    tuple(args.output_len_range))
@@ -110,13 +122,38 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
     result["roofline"] = None if roof is None else vars(roof)
     runs = (("first_run", SAMPLED_TEMPERATURE), ("second_run", SAMPLED_TEMPERATURE),
             ("greedy_run", 0.0))
+    logs = {}
+    one_rank = args.tensor_parallel_size == 1  # the instruments wrap the in-process core
     for name, temperature in runs:
-        seconds = generate_workload(llm, workload, temperature)
+        before = triton_cache_entries()
+        with contextlib.ExitStack() as stack:
+            if one_rank:
+                busy = stack.enter_context(HostBusy(llm))
+                pauses = stack.enter_context(GcPauses())
+                logs[name] = stack.enter_context(StepLog(llm))
+            seconds = generate_workload(llm, workload, temperature)
+        after = triton_cache_entries()
         rate = workload.num_output_tokens / seconds
         result[name] = {"temperature": temperature, "seconds": seconds,
-                        "output_tokens_per_s": rate}
+                        "output_tokens_per_s": rate,
+                        "kernels_compiled": None if before is None else len(after - before)}
+        if one_rank:
+            result[name].update(host_busy_s=busy.busy_s, gc_s=pauses.seconds)
         if roof is not None:
             result[name]["fraction_of_roofline"] = rate / roof.max_output_tokens_per_s
-        print(f"{name}: {rate:.0f} output tok/s (temperature {temperature})", flush=True)
+        print(f"{name}: {rate:.0f} output tok/s (temperature {temperature}), "
+              f"{result[name]['kernels_compiled']} kernels compiled", flush=True)
+    if logs:
+        result["first_vs_second_steps"] = compare_steps(logs["first_run"], logs["second_run"])
     llm.shutdown()
     return result
+
+
+def triton_cache_entries() -> set[str] | None:
+    """The entries of ``TRITON_CACHE_DIR`` (one per compiled kernel variant); None when
+    the variable is unset (Triton then uses its default folder, shared with others)."""
+    folder = os.environ.get("TRITON_CACHE_DIR")
+    if not folder or not os.path.isdir(folder):
+        return None
+    return set(os.listdir(folder))
+

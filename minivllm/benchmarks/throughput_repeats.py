@@ -13,14 +13,20 @@ the GPU's clocks or the host. Each run records, besides its seconds:
 - ``other_threads_cpu_s``: CPU seconds used meanwhile by every other thread of the
   process (Linux ``/proc/self/task``; null elsewhere). This is how a torch thread pool
   spinning beside the step loop shows up (Benchmarks, eighth round).
+- ``gc_s`` and ``gc_collections``: the pauses of Python's cyclic garbage collector during
+  the run, and how many collections of each generation there were. A collection of the
+  oldest generation walks every tracked object of the process (a few hundred thousand
+  once torch, triton and transformers are imported), and it runs inside the step loop.
 
 Upstream's ``vllm bench throughput`` times one run; this is minivllm's own instrument.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
+import time
 from typing import Any
 
 from minivllm.benchmarks.host import time_calls
@@ -70,6 +76,30 @@ class HostBusy:
         return self.step_s - self.wait_s
 
 
+class GcPauses:
+    """While the ``with`` block runs, add up the garbage collector's pauses (through
+    ``gc.callbacks``) and count its collections by generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 def thread_cpu_seconds() -> dict[int, float] | None:
     """CPU seconds (user + system) of every thread of this process, by thread id; None
     where ``/proc/self/task`` does not exist."""
@@ -101,7 +131,7 @@ def _other_threads(before: dict[int, float] | None, after: dict[int, float] | No
 def one_run(llm: Any, workload: Workload, max_tokens_per_s: float | None) -> dict[str, Any]:
     """One timed ``temperature=0.6`` run with its host figures."""
     before = thread_cpu_seconds()
-    with HostBusy(llm) as busy:
+    with HostBusy(llm) as busy, GcPauses() as pauses:
         seconds = generate_workload(llm, workload, SAMPLED_TEMPERATURE)
     run = {
         "seconds": seconds,
@@ -109,6 +139,8 @@ def one_run(llm: Any, workload: Workload, max_tokens_per_s: float | None) -> dic
         "host_busy_s": busy.busy_s,
         "host_wait_s": busy.wait_s,
         "other_threads_cpu_s": _other_threads(before, thread_cpu_seconds()),
+        "gc_s": pauses.seconds,
+        "gc_collections": pauses.collections,
     }
     if max_tokens_per_s:
         run["fraction_of_roofline"] = run["output_tokens_per_s"] / max_tokens_per_s
@@ -140,6 +172,7 @@ def print_repeats(repeats: dict[str, Any]) -> None:
         threads = run["other_threads_cpu_s"]
         print(f"repeat {i}: {run['seconds']:.3f} s, {run['output_tokens_per_s']:.0f} tok/s, "
               f"host busy {run['host_busy_s']:.2f} s, other threads "
-              f"{'n/a' if threads is None else f'{threads:.2f} CPU-s'}", flush=True)
+              f"{'n/a' if threads is None else f'{threads:.2f} CPU-s'}, gc "
+              f"{1e3 * run['gc_s']:.1f} ms {run['gc_collections']}", flush=True)
     print(f"repeats: {repeats['min_s']:.3f} / {repeats['median_s']:.3f} / "
           f"{repeats['max_s']:.3f} s (min / median / max)", flush=True)

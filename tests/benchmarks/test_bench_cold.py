@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from minivllm.cli import main
 from tests.benchmarks.test_bench_smoke import COMMON, qwen3_dir  # noqa: F401 - fixture
 
@@ -32,3 +34,17 @@ def test_cold_runs_two_fresh_processes_on_one_new_cache(qwen3_dir, tmp_path) -> 
     assert result["cold"]["first_run"]["temperature"] == 0.6
     assert result["cold"]["greedy_run"]["temperature"] == 0.0
     assert result["first_over_second"] > 0
+    for start in ("cold", "warm"):
+        child = result[start]
+        for run in ("first_run", "second_run", "greedy_run"):
+            # The parent gave the child an empty cache folder: a count, never None.
+            assert child[run]["kernels_compiled"] >= 0
+            assert 0.0 <= child[run]["host_busy_s"] <= child[run]["seconds"]
+            assert child[run]["gc_s"] >= 0.0
+        steps = child["first_vs_second_steps"]
+        # Same workload, same deterministic schedule: the two runs pair step by step.
+        assert steps["same_schedule"] and steps["steps"][0] == steps["steps"][1] > 0
+        assert steps["excess_s"] == pytest.approx(
+            steps["prefill_excess_s"] + steps["decode_excess_s"])
+        assert any(s["tokens"] > s["requests"] for s in steps["worst_steps"]) or (
+            steps["prefill_excess_s"] == 0.0)

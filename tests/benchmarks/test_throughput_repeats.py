@@ -11,6 +11,7 @@ import time
 import pytest
 
 from minivllm.benchmarks.throughput_repeats import (
+    GcPauses,
     HostBusy,
     _other_threads,
     run_repeats,
@@ -37,6 +38,7 @@ def test_repeats_time_every_run_and_put_the_engine_back(llm) -> None:
         assert run["fraction_of_roofline"] == pytest.approx(run["output_tokens_per_s"] / 1e6)
         if os.path.isdir("/proc/self/task"):
             assert run["other_threads_cpu_s"] >= 0.0
+        assert 0.0 <= run["gc_s"] <= run["seconds"] and len(run["gc_collections"]) == 3
     assert out["min_s"] <= out["median_s"] <= out["max_s"]
     assert out["best_fraction_of_roofline"] >= out["worst_fraction_of_roofline"]
     assert "step" not in vars(engine) and "execute_model_async" not in vars(runner)
@@ -48,6 +50,19 @@ def test_host_busy_subtracts_the_waits(llm) -> None:
         llm.generate([{"prompt_token_ids": [5, 6, 7]}], use_tqdm=False)
     assert busy.step_s > 0.0 and 0.0 <= busy.wait_s <= busy.step_s
     assert busy.busy_s == pytest.approx(busy.step_s - busy.wait_s)
+
+
+def test_gc_pauses_count_collections_by_generation_and_detach() -> None:
+    import gc
+
+    with GcPauses() as pauses:
+        gc.collect()  # one full collection: the oldest generation, 2
+        gc.collect(0)
+    assert pauses.collections == [1, 0, 1]
+    assert pauses.seconds > 0.0
+    assert pauses._callback not in gc.callbacks
+    gc.collect()
+    assert pauses.collections == [1, 0, 1]  # nothing counted after the block
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")

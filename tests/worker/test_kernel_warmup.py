@@ -88,8 +88,10 @@ def test_kv_cache_write_variant_warms_up_without_storing(tmp_path, monkeypatch) 
 
     monkeypatch.setattr(triton_qk_norm_rope, "qk_norm_rope_kv_cache", spy)
     path = make_tiny_model("qwen3", tmp_path / "model")
+    # Without a GPU the Triton kernels run in the interpreter (tests/conftest.py sets it).
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     for backend, launches in (("triton", 1), ("torch", 0)):
-        llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=64,
+        llm = LLM(str(path), dtype="float32", device=device, max_model_len=64,
                   attention_backend=backend, enforce_eager=True)  # fmt: skip
 
         def warm(runner):
