@@ -13,7 +13,9 @@ the whole workload at temperature 0.6 through ``LLM.generate``), in a fresh proc
   compiles mid-run), and a greedy run;
 * each as output tokens/s and as a share of the decode roofline, with the kernels Triton
   compiled during it (new entries in the cache folder: 0 when the start-up compiled
-  everything) and the step loop's busy time and garbage-collector pauses;
+  everything), the caching allocator's trips to the driver (``cudaMalloc``, ``cudaFree``,
+  retries after freeing its cache) and the step loop's busy time and garbage-collector
+  pauses;
 * where the first run lost time against the second, step by step
   (``benchmarks/step_compare.py``).
 
@@ -125,7 +127,7 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
     logs = {}
     one_rank = args.tensor_parallel_size == 1  # the instruments wrap the in-process core
     for name, temperature in runs:
-        before = triton_cache_entries()
+        before, allocator = triton_cache_entries(), allocator_counts()
         with contextlib.ExitStack() as stack:
             if one_rank:
                 busy = stack.enter_context(HostBusy(llm))
@@ -136,17 +138,44 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
         rate = workload.num_output_tokens / seconds
         result[name] = {"temperature": temperature, "seconds": seconds,
                         "output_tokens_per_s": rate,
-                        "kernels_compiled": None if before is None else len(after - before)}
+                        "kernels_compiled": None if before is None else len(after - before),
+                        "allocator": allocator_delta(allocator, allocator_counts())}
         if one_rank:
             result[name].update(host_busy_s=busy.busy_s, gc_s=pauses.seconds)
         if roof is not None:
             result[name]["fraction_of_roofline"] = rate / roof.max_output_tokens_per_s
         print(f"{name}: {rate:.0f} output tok/s (temperature {temperature}), "
-              f"{result[name]['kernels_compiled']} kernels compiled", flush=True)
+              f"{result[name]['kernels_compiled']} kernels compiled, allocator "
+              f"{result[name]['allocator']}", flush=True)
     if logs:
         result["first_vs_second_steps"] = compare_steps(logs["first_run"], logs["second_run"])
     llm.shutdown()
     return result
+
+
+# The caching allocator's counters that show it going to the driver during a run: each
+# cudaMalloc and cudaFree (a cudaFree waits for the whole device), and each allocation
+# that failed and was retried after freeing every cached block.
+_ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+
+
+def allocator_counts() -> dict[str, int] | None:
+    """The CUDA caching allocator's driver calls and retries so far; None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in _ALLOCATOR_COUNTERS}
+
+
+def allocator_delta(
+    before: dict[str, int] | None, after: dict[str, int] | None
+) -> dict[str, int] | None:
+    """``after - before`` per counter (None when either is None)."""
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in before}
 
 
 def triton_cache_entries() -> set[str] | None:

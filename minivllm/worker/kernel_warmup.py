@@ -11,12 +11,14 @@ first met during a user's run costs a second or more of compilation right then (
 throughput of a whole benchmark run, measured on the H200). minivllm removes both
 causes: the host-to-device copies keep every tensor 16-byte aligned (see
 ``copy_to_device``), and this warm-up launches each attention configuration the
-heuristics can choose, the linear layers' small-M kernel for each layer shape, and the
-sampler's one-pass kernel. The other layer kernels have one variant each, compiled by the
-first forward pass or graph capture, except Qwen3's fused q/k norm + RoPE kernel, which has
-two: the memory-profiling pass (no cache yet) compiles the one without the cache write,
-and this warm-up the one with it (graph capture would too, but with ``enforce_eager``
-nothing is captured, and the first step compiled it).
+heuristics can choose, the linear layers' small-M kernel for each layer shape, the
+sampler's one-pass kernel, and the LM head at every row count a step samples (cuBLAS,
+not Triton: nothing compiles, but the first GEMM of a new shape costs milliseconds). The
+other layer kernels have one variant each, compiled by the first forward pass or graph
+capture, except Qwen3's fused q/k norm + RoPE kernel, which has two: the memory-profiling
+pass (no cache yet) compiles the one without the cache write, and this warm-up the one
+with it (graph capture would too, but with ``enforce_eager`` nothing is captured, and the
+first step compiled it).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def kernel_warmup(runner: Any) -> None:
             warm_up_small_m_kernels(runner.model)
             warm_up_norm_gemv(runner.model)  # the norm + projection kernel of decode
             _warm_up_sampler(runner)
+            warm_up_logits(runner)
             for model in _models(runner):
                 warm_up_kv_cache_write(model)
     if runner.attn_backend.name != "triton" or runner.device.type != "cuda":
@@ -100,6 +103,28 @@ def warm_up_kv_cache_write(model: torch.nn.Module) -> int:
                   KVCacheUpdate(*attn.kv_cache, slots))  # fmt: skip
         return 1
     return 0
+
+
+def warm_up_logits(runner: Any) -> int:
+    """Run the LM head once for every row count a step can sample (1 to
+    ``max_num_seqs``, times ``1 + k`` with ``k`` drafts to verify); returns how many.
+
+    The LM head runs eagerly after each step's graph, on as many rows as the step samples,
+    and cuBLAS picks its kernel per shape: in a fresh process the first GEMM of a new row
+    count cost a few milliseconds on the H200 (the kernel chosen, then loaded lazily), at
+    about one count in eight, and nothing the second time
+    (``docs/benchmarks/perf7/gemm_first_use.log``).
+    A throughput run's batch shrinks through every count as requests finish, so the first
+    run paid each of those at the step it first met the count, waiting meanwhile.
+    """
+    config = runner.model_config
+    spec = runner.vllm_config.speculative_config
+    rows = runner.scheduler_config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
+    hidden = torch.zeros(rows, config.hf_config.hidden_size, dtype=config.dtype,
+                         device=runner.device)  # fmt: skip
+    for n in range(1, rows + 1):
+        runner.model.compute_logits(hidden[:n])
+    return rows
 
 
 def _warm_up_sampler(runner: Any) -> None:

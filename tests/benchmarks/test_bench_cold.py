@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from minivllm.benchmarks.throughput_cold import allocator_delta
 from minivllm.cli import main
 from tests.benchmarks.test_bench_smoke import COMMON, qwen3_dir  # noqa: F401 - fixture
 
@@ -39,6 +40,7 @@ def test_cold_runs_two_fresh_processes_on_one_new_cache(qwen3_dir, tmp_path) -> 
         for run in ("first_run", "second_run", "greedy_run"):
             # The parent gave the child an empty cache folder: a count, never None.
             assert child[run]["kernels_compiled"] >= 0
+            assert child[run]["allocator"] is None  # no CUDA here
             assert 0.0 <= child[run]["host_busy_s"] <= child[run]["seconds"]
             assert child[run]["gc_s"] >= 0.0
         steps = child["first_vs_second_steps"]
@@ -48,3 +50,11 @@ def test_cold_runs_two_fresh_processes_on_one_new_cache(qwen3_dir, tmp_path) -> 
             steps["prefill_excess_s"] + steps["decode_excess_s"])
         assert any(s["tokens"] > s["requests"] for s in steps["worst_steps"]) or (
             steps["prefill_excess_s"] == 0.0)
+
+
+def test_allocator_delta_subtracts_per_counter() -> None:
+    before = {"num_device_alloc": 3, "num_device_free": 1, "num_alloc_retries": 0}
+    after = {"num_device_alloc": 5, "num_device_free": 4, "num_alloc_retries": 1}
+    assert allocator_delta(before, after) == {
+        "num_device_alloc": 2, "num_device_free": 3, "num_alloc_retries": 1}
+    assert allocator_delta(None, after) is None and allocator_delta(before, None) is None

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -91,7 +92,8 @@ def test_kv_cache_write_variant_warms_up_without_storing(tmp_path, monkeypatch) 
     # Without a GPU the Triton kernels run in the interpreter (tests/conftest.py sets it).
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for backend, launches in (("triton", 1), ("torch", 0)):
-        llm = LLM(str(path), dtype="float32", device=device, max_model_len=64,
+        # A small pool: the check below copies a pattern the size of the whole cache.
+        llm = LLM(str(path), dtype="float32", device=device, max_model_len=64, num_kv_blocks=8,
                   attention_backend=backend, enforce_eager=True)  # fmt: skip
 
         def warm(runner):
@@ -109,3 +111,42 @@ def test_kv_cache_write_variant_warms_up_without_storing(tmp_path, monkeypatch) 
         if launches:
             slots = calls[0][-1]
             assert slots.tolist() == [-1] and slots.dtype == torch.long
+
+
+def _logits_runner(max_num_seqs: int, k: int | None, seen: list[int]) -> SimpleNamespace:
+    """A stand-in runner whose model records the row count of each LM-head call."""
+
+    class Model:
+        def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+            seen.append(hidden.shape[0])
+            return torch.zeros(hidden.shape[0], 11)
+
+    spec = None if k is None else SimpleNamespace(num_speculative_tokens=k)
+    return SimpleNamespace(
+        model=Model(), device=torch.device("cpu"),
+        model_config=SimpleNamespace(dtype=torch.float32, hf_config=SimpleNamespace(hidden_size=8)),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        vllm_config=SimpleNamespace(speculative_config=spec),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("k", "rows"), [(None, 5), (2, 15)])
+def test_lm_head_warms_up_at_every_row_count_a_step_samples(k, rows) -> None:
+    """cuBLAS picks the LM head's kernel per row count, and its first GEMM of a new count
+    costs milliseconds: every count a step can sample (``max_num_seqs``, times ``1 + k``
+    when drafts are verified) runs once at start-up."""
+    from minivllm.worker.kernel_warmup import warm_up_logits
+
+    seen: list[int] = []
+    assert warm_up_logits(_logits_runner(5, k, seen)) == rows
+    assert seen == list(range(1, rows + 1))
+
+
+def test_lm_head_warm_up_runs_on_a_real_model(tmp_path) -> None:
+    from minivllm import LLM
+    from minivllm.worker.kernel_warmup import warm_up_logits
+
+    path = make_tiny_model("qwen3", tmp_path / "model")
+    llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=64, max_num_seqs=3,
+              enforce_eager=True)  # fmt: skip
+    assert llm.collective_rpc(warm_up_logits) == [3]
