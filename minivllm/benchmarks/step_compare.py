@@ -8,11 +8,15 @@ as step ``i`` of the other, and the difference of their durations is time the fi
 spent on something else (a kernel compiled or loaded on first use, a CUDA graph's first
 replay, the caching allocator growing, a garbage collection).
 
-``StepLog`` records, for one run, each step's host seconds and how many tokens and
-requests the scheduler put in the step it queued during that call (0 for a call that
-queued none). ``compare_steps`` pairs two logs and sums the excess over prefill steps
-(more tokens than requests: a prompt chunk is in them) and decode steps, with the steps
-that lost the most.
+``StepLog`` records, for one run, each step's host seconds, of them the seconds spent
+queuing the step's work on the device (``execute_model_async``: building the batch,
+launching the graph or the eager kernels, the LM head and the sampler) and waiting for a
+step's tokens (``get_output``), and how many tokens and requests the scheduler put in the
+step it queued during that call (0 for a call that queued none). ``compare_steps`` pairs
+two logs and sums the excess over prefill steps (more tokens than requests: a prompt chunk
+is in them) and decode steps, and over launching and waiting, with the steps that lost
+the most. Excess in launching points at the host (something done the first time on the
+way to the device: a kernel chosen or loaded); excess in waiting at the device.
 """
 
 from __future__ import annotations
@@ -27,32 +31,48 @@ class StepLog:
 
     def __init__(self, llm: Any) -> None:
         self.engine = llm.llm_engine
-        self.scheduler = self.engine.engine_core.engine_core.scheduler
+        core = self.engine.engine_core.engine_core
+        self.scheduler = core.scheduler
+        self.runner = core.model_executor.model_runner
         self.seconds: list[float] = []
+        self.launch: list[float] = []  # of each step's seconds, in execute_model_async
+        self.wait: list[float] = []  # and in get_output
         self.tokens: list[int] = []
         self.requests: list[int] = []
-        self._queued = (0, 0)
+        self._current = {"tokens": 0, "requests": 0, "launch": 0.0, "wait": 0.0}
         self._replaced: dict[tuple[Any, str], Any] = {}
 
     def __enter__(self) -> StepLog:
         schedule, step = self.scheduler.schedule, self.engine.step
+        execute = self.runner.execute_model_async
+        current = self._current
 
         def logged_schedule() -> Any:
             out = schedule()
-            self._queued = (out.total_num_scheduled_tokens, len(out.scheduled))
+            current["tokens"], current["requests"] = (
+                out.total_num_scheduled_tokens, len(out.scheduled))  # fmt: skip
             return out
 
+        def logged_execute(scheduler_output: Any) -> Any:
+            handle = timed(current, "launch", execute, scheduler_output)
+            get_output = handle.get_output
+            handle.get_output = lambda: timed(current, "wait", get_output)
+            return handle
+
         def logged_step() -> Any:
-            self._queued = (0, 0)
+            current.update(tokens=0, requests=0, launch=0.0, wait=0.0)
             t0 = time.perf_counter()
             try:
                 return step()
             finally:
                 self.seconds.append(time.perf_counter() - t0)
-                self.tokens.append(self._queued[0])
-                self.requests.append(self._queued[1])
+                self.launch.append(current["launch"])
+                self.wait.append(current["wait"])
+                self.tokens.append(current["tokens"])
+                self.requests.append(current["requests"])
 
         self._replace(self.scheduler, "schedule", logged_schedule)
+        self._replace(self.runner, "execute_model_async", logged_execute)
         self._replace(self.engine, "step", logged_step)
         return self
 
@@ -71,13 +91,23 @@ class StepLog:
         setattr(obj, name, wrapper)
 
 
+def timed(totals: dict[str, Any], key: str, fn: Any, *args: Any) -> Any:
+    """Call ``fn(*args)``, adding its seconds to ``totals[key]``."""
+    t0 = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        totals[key] += time.perf_counter() - t0
+
+
 def compare_steps(slow: StepLog, fast: StepLog, top: int = 8) -> dict[str, Any]:
     """Pair the steps of two runs of one workload and say where ``slow`` lost time.
 
     Returns the total excess seconds (``slow`` minus ``fast`` over the paired steps), its
-    split between prefill and decode steps (by what ``slow``'s step queued), and the
-    ``top`` steps with the largest excess. ``same_schedule`` is False when the runs
-    queued different step sizes, in which case the pairing means little.
+    split between prefill and decode steps (by what ``slow``'s step queued) and the part
+    of it spent launching and waiting, and the ``top`` steps with the largest excess.
+    ``same_schedule`` is False when the runs queued different step sizes, in which case
+    the pairing means little.
     """
     n = min(len(slow.seconds), len(fast.seconds))
     excess = [slow.seconds[i] - fast.seconds[i] for i in range(n)]
@@ -89,9 +119,13 @@ def compare_steps(slow: StepLog, fast: StepLog, top: int = 8) -> dict[str, Any]:
         "excess_s": sum(excess),
         "prefill_excess_s": sum(e for e, p in zip(excess, prefill, strict=True) if p),
         "decode_excess_s": sum(e for e, p in zip(excess, prefill, strict=True) if not p),
+        "launch_excess_s": sum(slow.launch[:n]) - sum(fast.launch[:n]),
+        "wait_excess_s": sum(slow.wait[:n]) - sum(fast.wait[:n]),
         "worst_steps": [
             {"index": i, "tokens": slow.tokens[i], "requests": slow.requests[i],
-             "slow_ms": 1e3 * slow.seconds[i], "fast_ms": 1e3 * fast.seconds[i]}
+             "slow_ms": 1e3 * slow.seconds[i], "fast_ms": 1e3 * fast.seconds[i],
+             "slow_launch_ms": 1e3 * slow.launch[i], "fast_launch_ms": 1e3 * fast.launch[i],
+             "slow_wait_ms": 1e3 * slow.wait[i], "fast_wait_ms": 1e3 * fast.wait[i]}
             for i in worst
         ],  # fmt: skip
     }

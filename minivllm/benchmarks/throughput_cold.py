@@ -75,7 +75,9 @@ def run_cold_bench(args: argparse.Namespace) -> dict[str, Any]:
     if steps is not None:
         print(f"the first run's steps took {1e3 * steps['excess_s']:.0f} ms more than the "
               f"second's: {1e3 * steps['prefill_excess_s']:.0f} ms in prefill steps, "
-              f"{1e3 * steps['decode_excess_s']:.0f} ms in decode steps", flush=True)
+              f"{1e3 * steps['decode_excess_s']:.0f} ms in decode steps; "
+              f"{1e3 * steps['launch_excess_s']:.0f} ms more launching, "
+              f"{1e3 * steps['wait_excess_s']:.0f} ms more waiting", flush=True)
     write_json(Path(args.output), result)
     return result
 
@@ -185,4 +187,3 @@ def triton_cache_entries() -> set[str] | None:
     if not folder or not os.path.isdir(folder):
         return None
     return set(os.listdir(folder))
-

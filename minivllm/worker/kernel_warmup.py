@@ -33,9 +33,10 @@ logger = logging.getLogger(__name__)
 
 
 def kernel_warmup(runner: Any) -> None:
-    """Compile the attention kernel variants ``runner``'s model can launch, and the
-    linear layers' small-M kernels (Triton on a GPU only: the interpreter and the torch
-    backend compile nothing)."""
+    """Compile the attention kernel variants ``runner``'s model can launch and the
+    linear layers' small-M kernels, and run the LM head at every sampled row count (on a
+    GPU only: the interpreter and the torch backend compile nothing, and a CPU GEMM has no
+    first-use cost)."""
     if runner.device.type == "cuda":
         from minivllm.model_executor.layers.norm_linear import warm_up_norm_gemv
         from minivllm.model_executor.layers.utils import warm_up_small_m_kernels
@@ -111,11 +112,11 @@ def warm_up_logits(runner: Any) -> int:
 
     The LM head runs eagerly after each step's graph, on as many rows as the step samples,
     and cuBLAS picks its kernel per shape: in a fresh process the first GEMM of a new row
-    count cost a few milliseconds on the H200 (the kernel chosen, then loaded lazily), at
+    count cost a few milliseconds on the H200 (cuBLAS settling on another kernel), at
     about one count in eight, and nothing the second time
-    (``docs/benchmarks/perf7/gemm_first_use.log``).
-    A throughput run's batch shrinks through every count as requests finish, so the first
-    run paid each of those at the step it first met the count, waiting meanwhile.
+    (``docs/benchmarks/perf7/gemm_first_use.log``). A throughput run's batch shrinks
+    through every count as requests finish, so its first run paid each of those at the
+    step that first met the count.
     """
     config = runner.model_config
     spec = runner.vllm_config.speculative_config
