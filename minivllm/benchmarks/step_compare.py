@@ -24,6 +24,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from minivllm.benchmarks.host import time_calls
+
 
 class StepLog:
     """While the ``with`` block runs, time every ``LLMEngine.step`` of ``llm`` and note
@@ -54,9 +56,10 @@ class StepLog:
             return out
 
         def logged_execute(scheduler_output: Any) -> Any:
-            handle = timed(current, "launch", execute, scheduler_output)
-            get_output = handle.get_output
-            handle.get_output = lambda: timed(current, "wait", get_output)
+            t0 = time.perf_counter()
+            handle = execute(scheduler_output)
+            current["launch"] += time.perf_counter() - t0
+            time_calls(handle, "get_output", current, "wait")
             return handle
 
         def logged_step() -> Any:
@@ -76,10 +79,15 @@ class StepLog:
         self._replace(self.engine, "step", logged_step)
         return self
 
+    @property
+    def busy_s(self) -> float:
+        """Seconds in ``LLMEngine.step`` not spent waiting for the device (``HostBusy``'s
+        figure, from the same calls)."""
+        return sum(self.seconds) - sum(self.wait)
+
     def __exit__(self, *exc: object) -> None:
-        # Put back what was there: another instrument's wrapper (bench throughput
-        # --cold also runs HostBusy, which wraps the same step), or nothing, which
-        # uncovers the method.
+        # Put back what was there: another instrument's wrapper (HostBusy wraps the same
+        # step), or nothing, which uncovers the method.
         for (obj, name), previous in self._replaced.items():
             if previous is None:
                 delattr(obj, name)
@@ -89,15 +97,6 @@ class StepLog:
     def _replace(self, obj: Any, name: str, wrapper: Any) -> None:
         self._replaced[(obj, name)] = vars(obj).get(name)
         setattr(obj, name, wrapper)
-
-
-def timed(totals: dict[str, Any], key: str, fn: Any, *args: Any) -> Any:
-    """Call ``fn(*args)``, adding its seconds to ``totals[key]``."""
-    t0 = time.perf_counter()
-    try:
-        return fn(*args)
-    finally:
-        totals[key] += time.perf_counter() - t0
 
 
 def compare_steps(slow: StepLog, fast: StepLog, top: int = 8) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
     twice sampled and once greedy."""
     from minivllm import SamplingParams
     from minivllm.benchmarks.step_compare import StepLog, compare_steps
-    from minivllm.benchmarks.throughput_repeats import GcPauses, HostBusy
+    from minivllm.benchmarks.throughput_repeats import GcPauses
 
     workload = throughput_workload(args.num_requests, 0, tuple(args.input_len_range),
                                    tuple(args.output_len_range))
@@ -132,7 +132,6 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
         before, allocator = triton_cache_entries(), allocator_counts()
         with contextlib.ExitStack() as stack:
             if one_rank:
-                busy = stack.enter_context(HostBusy(llm))
                 pauses = stack.enter_context(GcPauses())
                 logs[name] = stack.enter_context(StepLog(llm))
             seconds = generate_workload(llm, workload, temperature)
@@ -143,7 +142,7 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
                         "kernels_compiled": None if before is None else len(after - before),
                         "allocator": allocator_delta(allocator, allocator_counts())}
         if one_rank:
-            result[name].update(host_busy_s=busy.busy_s, gc_s=pauses.seconds)
+            result[name].update(host_busy_s=logs[name].busy_s, gc_s=pauses.seconds)
         if roof is not None:
             result[name]["fraction_of_roofline"] = rate / roof.max_output_tokens_per_s
         print(f"{name}: {rate:.0f} output tok/s (temperature {temperature}), "

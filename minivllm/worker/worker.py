@@ -150,9 +150,8 @@ def cpu_threads(device: torch.device, world: int) -> int:
     the device, and a pool of host threads only hurts. A torch CPU op big enough to be
     split wakes every thread of the pool, and the threads then spin between steps,
     beside the one thread that schedules and launches every step (Benchmarks, eighth
-    round). On the CPU
-    the ranks share the machine's cores: without a split each would start one thread
-    per core and they would fight over them.
+    round). On the CPU the ranks share the machine's cores: without a split each would
+    start one thread per core and they would fight over them.
     """
     if device.type == "cuda":
         raw = os.environ.get("OMP_NUM_THREADS") or "1"
