@@ -34,6 +34,8 @@ class AttentionMetadata:
         max_query_len: Longest query of the batch (host int, so kernels can pick a launch
             configuration without reading the device).
         max_seq_len: Longest context of the batch (host int, same reason).
+        decode_split: For a mixed batch, the same batch cut in two: its leading
+            single-token queries and the rest (see :class:`DecodeSplit`); None otherwise.
     """
 
     slot_mapping: torch.Tensor
@@ -42,6 +44,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    decode_split: DecodeSplit | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -62,6 +65,69 @@ class AttentionMetadata:
         if self.max_query_len != 1:
             return None
         return torch.argsort(self.seq_lens, descending=True)
+
+
+@dataclass(frozen=True)
+class DecodeSplit:
+    """A mixed batch as two batches: its first ``num_decodes`` sequences, each with one
+    query token, and the sequences after them.
+
+    Why: one attention launch takes one tile shape for the whole batch. A batch with
+    prompt chunks takes the prefill tiles, 64 or 128 query rows per tile, and a decode
+    sequence then fills 2 of a tile's 64 rows (one token times the query heads that share
+    a KV head): its keys are read once either way, but the tile's arithmetic is done for
+    all 64 rows. Launched apart, the decodes run on the 16-row decode tiles, in
+    ``seq_order``, and the chunks keep theirs. Upstream does the same in the metadata
+    builders of its backends (``split_decodes_and_prefills`` in
+    ``vllm/v1/attention/backends/utils.py``, after the persistent batch is reordered so
+    decodes come first); minivllm's scheduler already lists running requests before new
+    ones, so the leading run of single-token queries is the decodes.
+
+    Both halves are views of the full batch's tensors except ``prefills.query_start_loc``
+    (the offsets, less ``num_decodes``), so a correction made in place on the full
+    ``seq_lens`` (async speculative decoding) holds in both.
+    """
+
+    num_decodes: int
+    decodes: AttentionMetadata
+    prefills: AttentionMetadata
+
+    @staticmethod
+    def of(
+        metadata: AttentionMetadata,
+        num_decodes: int,
+        prefill_query_start_loc: torch.Tensor,
+        decode_max_seq_len: int,
+        prefill_max_seq_len: int,
+    ) -> DecodeSplit:
+        """Cut ``metadata`` after its first ``num_decodes`` sequences (``0 <
+        num_decodes < num_seqs``); ``prefill_query_start_loc`` is the rest's query offsets
+        counted from their first token, the two maxima the halves' longest contexts."""
+        n = num_decodes
+        if not 0 < n < metadata.num_seqs:
+            raise ValueError(f"num_decodes must be in 1..{metadata.num_seqs - 1}, got {n}")
+        if prefill_query_start_loc.shape != (metadata.num_seqs - n + 1,):
+            raise ValueError(
+                f"prefill_query_start_loc must have shape ({metadata.num_seqs - n + 1},), "
+                f"got {tuple(prefill_query_start_loc.shape)}"
+            )
+        decodes = AttentionMetadata(
+            slot_mapping=metadata.slot_mapping[:n],
+            block_table=metadata.block_table[:n],
+            seq_lens=metadata.seq_lens[:n],
+            query_start_loc=metadata.query_start_loc[: n + 1],
+            max_query_len=1,
+            max_seq_len=decode_max_seq_len,
+        )
+        prefills = AttentionMetadata(
+            slot_mapping=metadata.slot_mapping[n:],
+            block_table=metadata.block_table[n:],
+            seq_lens=metadata.seq_lens[n:],
+            query_start_loc=prefill_query_start_loc,
+            max_query_len=metadata.max_query_len,
+            max_seq_len=prefill_max_seq_len,
+        )
+        return DecodeSplit(n, decodes, prefills)
 
 
 @dataclass

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.selector import AttentionBackend
-from minivllm.forward_context import get_forward_context
+from minivllm.forward_context import AttentionMetadata, get_forward_context
 
 
 class KVCacheUpdate(NamedTuple):
@@ -148,7 +148,31 @@ class Attention(nn.Module):
                 f"{self.prefix}: kv_cache_updated is not this layer's cache update of this "
                 "step (take it from fusable_kv_cache_update of this layer, in this step)"
             )
-        out = self.backend.paged_attention(
+        split = attn_metadata.decode_split if self.backend.splits_decodes else None
+        if split is None:
+            out = self._attend(q, k, v, attn_metadata)
+        else:
+            # Two launches into one output: the decodes on decode tiles, the prompt
+            # chunks on prefill tiles (see DecodeSplit).
+            out = torch.empty(num_tokens, self.num_heads, self.head_size,
+                              dtype=q.dtype, device=q.device)  # fmt: skip
+            n = split.num_decodes
+            self._attend(q[:n], k[:n], v[:n], split.decodes, out[:n])
+            self._attend(q[n:], k[n:], v[n:], split.prefills, out[n:])
+        return out.view(num_tokens, self.num_heads * self.head_size)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One paged-attention call over ``attn_metadata``'s sequences (into ``out``
+        when given), with the launch hints the metadata and the backend allow."""
+        key_cache, value_cache = self.kv_cache
+        return self.backend.paged_attention(
             q,
             key_cache,
             value_cache,
@@ -156,10 +180,10 @@ class Attention(nn.Module):
             attn_metadata.seq_lens,
             attn_metadata.query_start_loc,
             self.scale,
+            out=out,
             max_query_len=attn_metadata.max_query_len,
             max_seq_len=attn_metadata.max_seq_len,
             key=k,
             value=v,
             seq_order=attn_metadata.seq_order if self.backend.takes_seq_order else None,
         )
-        return out.view(num_tokens, self.num_heads * self.head_size)

@@ -41,7 +41,8 @@ class PagedAttention(Protocol):
     ``key``/``value`` are this step's keys and values, already written to the cache: a
     backend may read the query chunk's own keys from them instead of the cache.
     ``seq_order`` is a device-side permutation of the sequences (longest context first)
-    that a backend may run them in; it never changes the result.
+    that a backend may run them in; it never changes the result. ``out``, when given, is
+    where the result is written (and what is returned).
     """
 
     def __call__(
@@ -54,6 +55,7 @@ class PagedAttention(Protocol):
         query_start_loc: torch.Tensor,
         scale: float,
         *,
+        out: torch.Tensor | None = None,
         max_query_len: int | None = None,
         max_seq_len: int | None = None,
         key: torch.Tensor | None = None,
@@ -74,6 +76,11 @@ class AttentionBackend:
     ``takes_seq_order``: whether ``paged_attention`` uses a decode batch's
     ``AttentionMetadata.seq_order``; the layer asks the metadata for it (one
     ``torch.argsort`` per step) only for such a backend.
+
+    ``splits_decodes``: whether the layer attends a mixed batch's decodes and prompt
+    chunks in two calls (``AttentionMetadata.decode_split``): worth it where one call
+    gives every row of the batch the same tiles (the Triton kernel); the oracle takes the
+    batch whole.
     """
 
     name: str
@@ -81,6 +88,7 @@ class AttentionBackend:
     paged_attention: PagedAttention
     fused_kv_cache_write: bool = False
     takes_seq_order: bool = False
+    splits_decodes: bool = False
 
 
 def triton_available() -> tuple[bool, str]:
@@ -128,7 +136,7 @@ def get_attn_backend(name: str, device: torch.device) -> AttentionBackend:
 
         return AttentionBackend(
             "triton", triton_attn.reshape_and_cache, triton_attn.paged_attention,
-            fused_kv_cache_write=True, takes_seq_order=True,
+            fused_kv_cache_write=True, takes_seq_order=True, splits_decodes=True,
         )  # fmt: skip
     from minivllm.attention import reference
 
@@ -144,6 +152,7 @@ def _reference_paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     *,
+    out: torch.Tensor | None = None,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     key: torch.Tensor | None = None,
@@ -154,6 +163,7 @@ def _reference_paged_attention(
     every key from the cache)."""
     from minivllm.attention import reference
 
-    return reference.paged_attention(
+    result = reference.paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale
     )
+    return result if out is None else out.copy_(result)

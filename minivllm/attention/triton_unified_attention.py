@@ -80,7 +80,16 @@ def find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 # Triton specializes integer arguments on "== 1" and "divisible by 16": the sequence count
 # and the block table's width change from step to step, and each new class would compile
 # another variant mid-run. The other strides are fixed by the model and the cache.
-@triton.jit(do_not_specialize=["num_seqs", "stride_bt_seq"])
+# Pointers are specialized on 16-byte alignment: a mixed step's chunks are attended as
+# views of the batch's per-sequence tensors that start after its decodes (DecodeSplit in
+# forward_context.py), at any offset (the launcher also hands ``seq_lens`` in as the unused
+# ``seq_order_ptr``); those loads are a few words per program or tile.
+@triton.jit(
+    do_not_specialize=[
+        "num_seqs", "stride_bt_seq", "seq_lens_ptr", "block_table_ptr", "query_start_loc_ptr",
+        "seq_order_ptr",
+    ]
+)  # fmt: skip
 def kernel_unified_attention(
     out_ptr,
     q_ptr,

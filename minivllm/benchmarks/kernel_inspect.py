@@ -80,7 +80,8 @@ def _source(config: AttentionLaunchConfig, dtype: str):
                 signature[name], constants[name] = "constexpr", None
         elif name.endswith("_ptr"):
             signature[name] = "*" + _POINTER_TYPES.get(name, dtype)
-            divisible.append(index)
+            if name not in kernel.do_not_specialize:
+                divisible.append(index)
         elif name == "qk_scale":
             signature[name] = "fp32"
         else:

@@ -1,9 +1,10 @@
 """Launch configurations on the batches the throughput workload really runs (GPU only).
 
-``python -m minivllm.benchmarks.kernel_sweep_workload OUT.json [--decode-only]`` times the unified
-kernel's candidate configurations on two kinds of batch, and records for each batch what
-:func:`select_config` picks, so the rules in ``triton_launch_config.py`` and
-``triton_decode_split.py`` can be checked against the timings on other hardware.
+``python -m minivllm.benchmarks.kernel_sweep_workload OUT.json [--decode-only | --mixed-split]``
+times the unified kernel's candidate configurations on the workload's batches, and records
+for each batch what :func:`select_config` picks, so the rules in
+``triton_launch_config.py`` and ``triton_decode_split.py`` can be checked against the
+timings on other hardware.
 
 * **Prefill tiles** on six batches: the workload's mixed steps (240 decodes beside prompt
   chunks of 100 to 1,024 tokens, 8,192 and 16,384 tokens in all), those prompt chunks
@@ -13,6 +14,9 @@ kernel's candidate configurations on two kinds of batch, and records for each ba
   ``kernel_sweep.py`` tuned the prefill tiles on one long prompt; the workload prefills
   prompts of a few hundred tokens, where a program's loop over keys is a few tiles long
   and the 128 x 128 tiles' shared memory leaves room for one program per SM.
+* **Mixed batches cut in two** (``--mixed-split``): the mixed steps in one launch on
+  prefill tiles, against their decodes on decode tiles and their chunks on prefill
+  tiles, two launches (``DecodeSplit`` in ``forward_context.py``).
 * **Decode segments** at the batch sizes the workload passes through as its requests
   finish (16 to 256 sequences, contexts of 800 to 2,000 tokens): key tiles, pipeline
   depth, split-KV segments and the two merges, longest context first (``seq_order``, what
@@ -252,6 +256,72 @@ def sweep_decode_batch(batch: int, copy_bw: float, seed: int) -> dict:
     }
 
 
+def split_mixed_batch(name: str, seqs: list[tuple[int, int]], seed: int) -> dict:
+    """A mixed batch (its decodes first) attended as the engine did before the decode
+    split, in one launch, and as it does now (``DecodeSplit``): the decodes on decode
+    tiles in ``seq_order``, then the chunks on prefill tiles; each half alone too. The
+    cache first receives the step's keys, so both ways compute the same thing: the
+    largest difference between them is reported."""
+    from minivllm.attention.triton_reshape_and_cache import launch_reshape_and_cache
+
+    inputs = batch_inputs(seqs, seed)
+    n = next(i for i, (_, new) in enumerate(seqs) if new != 1)
+    table, lens, qsl = inputs["block_table"], inputs["seq_lens"], inputs["query_start_loc"]
+    slots = torch.cat([
+        table[i, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE
+        for i, (c, new) in enumerate(seqs)
+        for pos in [torch.arange(c, c + new, device="cuda")]
+    ])  # fmt: skip
+    launch_reshape_and_cache(inputs["key"], inputs["value"], inputs["key_cache"],
+                             inputs["value_cache"], slots)  # fmt: skip
+    whole_cfg = picked_config(seqs)
+    dec_cfg, pre_cfg = picked_config(seqs[:n], ordered=True), picked_config(seqs[n:])
+    order = torch.argsort(lens[:n], descending=True)
+    query, out = inputs["query"], torch.empty_like(inputs["query"])
+    caches = (inputs["key_cache"], inputs["value_cache"])
+    scale = HEAD_SIZE**-0.5
+
+    def whole() -> None:
+        launch_unified_attention(query, *caches, table, lens, qsl, out, scale, whole_cfg,
+                                 key=inputs["key"], value=inputs["value"])  # fmt: skip
+
+    def decodes() -> None:
+        launch_unified_attention(query[:n], *caches, table[:n], lens[:n], qsl[: n + 1],
+                                 out[:n], scale, dec_cfg, seq_order=order)  # fmt: skip
+
+    def prefills() -> None:
+        launch_unified_attention(query[n:], *caches, table[n:], lens[n:], qsl[n:] - n,
+                                 out[n:], scale, pre_cfg, key=inputs["key"][n:],
+                                 value=inputs["value"][n:])  # fmt: skip
+
+    def split() -> None:
+        decodes()
+        prefills()
+
+    whole()
+    one = out.clone()
+    split()
+    row = {
+        "batch": name,
+        "num_seqs": len(seqs),
+        "num_decodes": n,
+        "num_tokens": query.shape[0],
+        "one_launch_config": whole_cfg.__dict__,
+        "decode_config": dec_cfg.__dict__,
+        "prefill_config": pre_cfg.__dict__,
+        "max_abs_diff": (out.float() - one.float()).abs().max().item(),
+        **{f"{k}_ms": _bench_graph(fn) for k, fn in
+           (("one_launch", whole), ("split", split), ("decodes", decodes),
+            ("prefills", prefills))},
+    }  # fmt: skip
+    row["split_over_one_launch"] = row["split_ms"] / row["one_launch_ms"]
+    print(f"{name}: one launch {row['one_launch_ms'] * 1e3:.0f} us, split "
+          f"{row['split_ms'] * 1e3:.0f} us (decodes {row['decodes_ms'] * 1e3:.0f}, "
+          f"prefills {row['prefills_ms'] * 1e3:.0f}), max diff {row['max_abs_diff']:.2e}",
+          flush=True)  # fmt: skip
+    return row
+
+
 def main(argv: list[str] | None = None) -> None:
     """Sweep the batches and write the JSON named on the command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -265,6 +335,10 @@ def main(argv: list[str] | None = None) -> None:
         "--decode-batches", type=int, nargs="+", default=list(DECODE_BATCHES),
         help="the decode batch sizes to sweep",
     )  # fmt: skip
+    parser.add_argument(
+        "--mixed-split", action="store_true",
+        help="only the mixed batches, in one launch against decodes and chunks apart",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.exit(2, f"{parser.prog}: error: needs a CUDA GPU\n")
@@ -277,6 +351,13 @@ def main(argv: list[str] | None = None) -> None:
     }
     # Written after every batch: a run stopped by a time limit keeps what it measured.
     output = Path(args.output)
+    if args.mixed_split:
+        mixed = {k: v for k, v in workload_batches().items() if k.startswith("mixed")}
+        result["mixed_split"] = [
+            split_mixed_batch(name, seqs, seed=i) for i, (name, seqs) in enumerate(mixed.items())
+        ]
+        output.write_text(json.dumps(result, indent=2) + "\n")
+        return
     if not args.decode_only:
         for i, (name, seqs) in enumerate(workload_batches().items()):
             result["batches"][name] = sweep_batch(name, seqs, seed=i)

@@ -140,14 +140,15 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
         result[name] = {"temperature": temperature, "seconds": seconds,
                         "output_tokens_per_s": rate,
                         "kernels_compiled": None if before is None else len(after - before),
+                        "compiled": [] if before is None else compiled_kernels(after - before),
                         "allocator": allocator_delta(allocator, allocator_counts())}
         if one_rank:
             result[name].update(host_busy_s=logs[name].busy_s, gc_s=pauses.seconds)
         if roof is not None:
             result[name]["fraction_of_roofline"] = rate / roof.max_output_tokens_per_s
         print(f"{name}: {rate:.0f} output tok/s (temperature {temperature}), "
-              f"{result[name]['kernels_compiled']} kernels compiled, allocator "
-              f"{result[name]['allocator']}", flush=True)
+              f"{result[name]['kernels_compiled']} kernels compiled "
+              f"{result[name]['compiled']}, allocator {result[name]['allocator']}", flush=True)
     if logs:
         result["first_vs_second_steps"] = compare_steps(logs["first_run"], logs["second_run"])
     llm.shutdown()
@@ -186,3 +187,17 @@ def triton_cache_entries() -> set[str] | None:
     if not folder or not os.path.isdir(folder):
         return None
     return set(os.listdir(folder))
+
+
+def compiled_kernels(entries: set[str]) -> list[str]:
+    """The kernel names behind new ``TRITON_CACHE_DIR`` entries: each entry is a folder
+    holding ``<kernel>.json`` (its metadata) beside the binaries; the group files Triton
+    writes (``__grp__*``) are not kernels."""
+    folder = os.environ["TRITON_CACHE_DIR"]
+    names = []
+    for entry in sorted(entries):
+        path = os.path.join(folder, entry)
+        if os.path.isdir(path):
+            names += [f[: -len(".json")] for f in sorted(os.listdir(path))
+                      if f.endswith(".json") and not f.startswith("__grp__")]  # fmt: skip
+    return names

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from minivllm.core.sched_output import SchedulerOutput
-from minivllm.forward_context import AttentionMetadata
+from minivllm.forward_context import AttentionMetadata, DecodeSplit
 from minivllm.spec_decode.draft_model import TargetBatch
 from minivllm.spec_decode.metadata import SpecDecodeMetadata
 from minivllm.utils.torch_utils import copy_arrays_to_device, copy_to_device
@@ -100,7 +100,11 @@ def prepare_inputs(
         )
     num_drafts = np.fromiter((len(s.spec_token_ids) for s in scheduled), np.int64, num_reqs)
     fill_dst, fill_src = prev.sources(placeholders, num_drafts[in_flight_rows])
-    input_ids, positions_d, slots, logits_idx, dst, src, table, seq_lens_d, qsl = (
+    num_decodes = leading_decodes(num_new)
+    # A mixed step's prompt chunks are attended apart from its decodes: their offsets,
+    # counted from the first chunk token, ride along in the one copy.
+    split_qsl = [query_start_loc[num_decodes:] - num_decodes] if num_decodes else []
+    input_ids, positions_d, slots, logits_idx, dst, src, table, seq_lens_d, qsl, *prefill_qsl = (
         copy_arrays_to_device(
             [
                 np.asarray(tokens, np.int64),
@@ -112,8 +116,9 @@ def prepare_inputs(
                 block_table,
                 seq_lens,
                 query_start_loc,
+                *split_qsl,
             ],
-            [np.int64] * 6 + [np.int32] * 3,
+            [np.int64] * 6 + [np.int32] * (3 + len(split_qsl)),
             device,
         )
     )
@@ -140,6 +145,11 @@ def prepare_inputs(
         max_query_len=int(num_new.max()),
         max_seq_len=int(seq_lens.max()),
     )
+    if num_decodes:
+        attn_metadata.decode_split = DecodeSplit.of(
+            attn_metadata, num_decodes, prefill_qsl[0],
+            int(seq_lens[:num_decodes].max()), int(seq_lens[num_decodes:].max()),
+        )  # fmt: skip
     return ModelInputs(
         input_ids=input_ids,
         positions=positions_d,
@@ -151,3 +161,11 @@ def prepare_inputs(
             query_start_loc, starts, block_table, num_blocks, needs_sample, num_drafts, shift
         ),
     )
+
+
+def leading_decodes(num_new: np.ndarray) -> int:
+    """How many sequences at the head of a mixed batch have a one-token query (the
+    decodes the scheduler lists first), or 0 when the batch is not mixed: all one-token
+    queries (a decode step) or none leading (nothing to split off)."""
+    longer = np.flatnonzero(num_new != 1)
+    return 0 if len(longer) == 0 else int(longer[0])

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from minivllm.attention import reference
+from minivllm.attention import triton_unified_attention as tua
 from minivllm.attention.layer import Attention, KVCacheUpdate
-from minivllm.attention.selector import AttentionBackend
-from minivllm.forward_context import AttentionMetadata, set_forward_context
+from minivllm.attention.selector import AttentionBackend, get_attn_backend
+from minivllm.forward_context import AttentionMetadata, DecodeSplit, set_forward_context
 from tests.attention.paged_batch import PagedBatch, make_paged_batch
 
 NUM_KV_HEADS, GROUP, HEAD_SIZE = 2, 2, 16
@@ -45,15 +46,18 @@ def _layer(
                         query_start_loc, scale, **kwargs) -> torch.Tensor:  # fmt: skip
         if hints is not None:
             hints.append(kwargs)
-        return reference.paged_attention(
+        result = reference.paged_attention(
             query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale
         )
+        out = kwargs.get("out")
+        return result if out is None else out.copy_(result)
 
     layer = Attention(NUM_KV_HEADS * GROUP, HEAD_SIZE, batch.scale, NUM_KV_HEADS, "layers.0")
     layer.kv_cache = (batch.key_cache, batch.value_cache)
     layer.backend = AttentionBackend(name, reshape_and_cache, paged_attention,
                                      fused_kv_cache_write=name == "triton",
-                                     takes_seq_order=name == "triton")  # fmt: skip
+                                     takes_seq_order=name == "triton",
+                                     splits_decodes=name == "triton")  # fmt: skip
     return layer, writes
 
 
@@ -145,3 +149,78 @@ def test_hands_a_decode_batch_order_only_to_a_backend_that_takes_it():
     assert orders[0] is orders[1] is metadata.seq_order
     assert orders[0].tolist() == [1, 0, 2]
     assert [hints["seq_order"] for hints in seen["torch"]] == [None, None]
+
+
+def _mixed(dtype: torch.dtype = torch.float32, query: int = 4, device=None) -> PagedBatch:
+    # Two decodes first (as the scheduler lists them), then a chunk and a whole prompt.
+    return make_paged_batch([(5, 1), (11, 1), (3, query), (0, query + 3)], block_size=4,
+                            num_kv_heads=NUM_KV_HEADS, group=GROUP, head_size=HEAD_SIZE,
+                            dtype=dtype, device=device or "cpu")  # fmt: skip
+
+
+def _split(batch: PagedBatch, metadata: AttentionMetadata, n: int = 2) -> AttentionMetadata:
+    """``metadata`` with its first ``n`` sequences (decodes) cut off, as prepare_inputs
+    cuts a mixed step."""
+    lens = batch.seq_lens.tolist()
+    metadata.decode_split = DecodeSplit.of(
+        metadata, n, batch.query_start_loc[n:] - batch.query_start_loc[n],
+        max(lens[:n]), max(lens[n:]),
+    )  # fmt: skip
+    return metadata
+
+
+def test_a_mixed_batch_is_attended_in_two_calls_only_by_a_backend_that_splits():
+    """The Triton backend gets the decodes (one-token queries, their own launch order)
+    and the chunks in separate calls, each into its rows of one output; the oracle gets
+    the batch whole. The outputs agree."""
+    batch = _mixed()
+    seen: dict[str, list[dict]] = {"torch": [], "triton": []}
+    outs = {}
+    for name in seen:
+        layer, _ = _layer(batch, name, seen[name])
+        with set_forward_context(_split(batch, _metadata(batch))):
+            outs[name] = layer(*_flat(batch))
+    decodes, prefills = seen["triton"]
+    assert (decodes["max_query_len"], decodes["max_seq_len"]) == (1, 12)
+    assert decodes["seq_order"].tolist() == [1, 0]
+    assert (prefills["max_query_len"], prefills["max_seq_len"]) == (7, 7)
+    assert prefills["seq_order"] is None
+    assert decodes["out"].data_ptr() == outs["triton"].data_ptr()
+    assert len(seen["torch"]) == 1 and seen["torch"][0]["out"] is None
+    torch.testing.assert_close(outs["triton"], outs["torch"])
+
+
+def test_split_triton_attention_matches_one_launch_and_the_reference(monkeypatch):
+    """The real kernels: a mixed batch with a chunk long enough for prefill tiles, once
+    whole and once cut after its decodes. Cut, the decodes run on 16-row decode tiles
+    and the chunks keep the prefill tiles; both runs match the oracle."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batch = _mixed(torch.bfloat16, query=33, device=device)
+    triton = get_attn_backend("triton", device)
+    configs = []
+    real_launch = tua.launch_unified_attention
+
+    def launch(*args, **kwargs):
+        configs.append(args[8])
+        return real_launch(*args, **kwargs)
+
+    monkeypatch.setattr(tua, "launch_unified_attention", launch)
+    monkeypatch.setattr("minivllm.attention.backends.triton_attn.launch_unified_attention",
+                        launch)  # fmt: skip
+    q, k, v = _flat(batch)
+    outs = []
+    for cut in (False, True):
+        layer, _ = _layer(batch, "triton")
+        layer.backend = triton
+        metadata = _metadata(batch)
+        with set_forward_context(_split(batch, metadata) if cut else metadata):
+            outs.append(layer(q, k, v).view_as(batch.query))
+    whole, decodes, prefills = configs
+    assert whole.block_m == prefills.block_m > decodes.block_m == 16
+    # The layer wrote this step's keys and values into the cache: the oracle reads them.
+    ref = reference.paged_attention(batch.query, batch.key_cache, batch.value_cache,
+                                    batch.block_table, batch.seq_lens,
+                                    batch.query_start_loc, batch.scale)  # fmt: skip
+    for out in outs:
+        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=2e-2, rtol=2e-2)

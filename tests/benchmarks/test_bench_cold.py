@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from minivllm.benchmarks.throughput_cold import allocator_delta
+from minivllm.benchmarks.throughput_cold import allocator_delta, compiled_kernels
 from minivllm.cli import main
 from tests.benchmarks.test_bench_smoke import COMMON, qwen3_dir  # noqa: F401 - fixture
 
@@ -40,6 +40,7 @@ def test_cold_runs_two_fresh_processes_on_one_new_cache(qwen3_dir, tmp_path) -> 
         for run in ("first_run", "second_run", "greedy_run"):
             # The parent gave the child an empty cache folder: a count, never None.
             assert child[run]["kernels_compiled"] >= 0
+            assert len(child[run]["compiled"]) == child[run]["kernels_compiled"]
             assert child[run]["allocator"] is None  # no CUDA here
             assert 0.0 <= child[run]["host_busy_s"] <= child[run]["seconds"]
             assert child[run]["gc_s"] >= 0.0
@@ -58,3 +59,17 @@ def test_allocator_delta_subtracts_per_counter() -> None:
     assert allocator_delta(before, after) == {
         "num_device_alloc": 2, "num_device_free": 3, "num_alloc_retries": 1}
     assert allocator_delta(None, after) is None and allocator_delta(before, None) is None
+
+
+def test_compiled_kernels_are_named_from_their_cache_entries(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    for entry, files in (
+        ("AB12", ["kernel_unified_attention.json", "kernel_unified_attention.cubin"]),
+        ("CD34", ["__grp__skinny_gemm_kernel.json", "skinny_gemm_kernel.json"]),
+    ):
+        (tmp_path / entry).mkdir()
+        for name in files:
+            (tmp_path / entry / name).write_text("{}")
+    (tmp_path / "stray-file").write_text("")
+    assert compiled_kernels({"CD34", "AB12", "stray-file"}) == [
+        "kernel_unified_attention", "skinny_gemm_kernel"]

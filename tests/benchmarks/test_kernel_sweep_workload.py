@@ -89,3 +89,18 @@ def test_decode_sweep_times_the_engines_pick_longest_first(monkeypatch) -> None:
     picked = [r for r in result["rows"] if r["auto"]]
     assert len(picked) == 1 and picked[0]["ordered"]
     assert picked[0]["ms"] == result["select_config_ms"]
+
+
+def test_mixed_split_times_only_the_mixed_batches(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr(sweep, "measure_copy_bandwidth", lambda: 1.0)
+    monkeypatch.setattr(sweep, "environment", lambda: {"command": "test"})
+    monkeypatch.setattr(sweep, "split_mixed_batch",
+                        lambda name, seqs, seed: {"batch": name, "first": seqs[0]})  # fmt: skip
+    monkeypatch.setattr(sweep, "sweep_batch", lambda *a: pytest.fail("not a split run"))
+    out = tmp_path / "split.json"
+    sweep.main([str(out), "--mixed-split"])
+    rows = json.loads(out.read_text())["mixed_split"]
+    assert [r["batch"] for r in rows] == ["mixed_8192", "mixed_16384"]
+    # Each mixed batch lists its decodes first, as the scheduler does.
+    assert all(r["first"][1] == 1 for r in rows)
