@@ -70,6 +70,11 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=0,
                         help="time the temperature workload this many more times: the "
                              "spread of the wall clock, with the host's busy time per run")
+    parser.add_argument("--decode-profile", type=int, nargs="+", default=[], metavar="B",
+                        help="also profile decode steps of B requests each (every B given): "
+                             "kernels and device time per step, by kernel class")
+    parser.add_argument("--decode-profile-context", type=int, default=800,
+                        help="prompt tokens of each profiled request")
     parser.add_argument("--cold", action="store_true",
                         help="as a new user meets it: fresh processes with an empty Triton "
                              "cache; start-up time cold and warm, first timed run vs second")
@@ -145,6 +150,9 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark and write the JSON result."""
     if args.repeats < 0:
         raise ValueError(f"--repeats must be >= 0, got {args.repeats}")
+    if any(b < 1 for b in args.decode_profile) or args.decode_profile_context < 1:
+        raise ValueError("--decode-profile sizes and --decode-profile-context must be >= 1, "
+                         f"got {args.decode_profile} and {args.decode_profile_context}")
     if args.cold or args.cold_child:
         from minivllm.benchmarks.throughput_cold import run_cold_bench
 
@@ -204,6 +212,12 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
 
         result["repeats"] = run_repeats(llm, workload, args.repeats, roof.max_output_tokens_per_s)
         print_repeats(result["repeats"])
+        write_json(Path(args.output), result)
+    if args.decode_profile:
+        from minivllm.benchmarks.decode_profile import run_decode_profiles
+
+        result["decode_profile"] = run_decode_profiles(
+            llm, args.decode_profile, args.decode_profile_context, SAMPLED_TEMPERATURE)
         write_json(Path(args.output), result)
     if args.step_timeline:
         from minivllm.benchmarks.step_timeline import run_step_timeline
