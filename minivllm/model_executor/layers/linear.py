@@ -42,7 +42,11 @@ from minivllm.distributed.parallel_state import (
 )
 from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.activation import SiluAndMul
-from minivllm.model_executor.layers.utils import gemv_max_m, kernel_wins
+from minivllm.model_executor.layers.utils import (
+    FUSED_ACTIVATION_MAX_M,
+    gemv_max_m,
+    kernel_wins,
+)
 from minivllm.model_executor.weight_utils import check_shape
 
 
@@ -138,13 +142,16 @@ class LinearBase(CustomOp):
         """The small-M Triton kernel for inputs of at most ``gemv_max_m`` rows, else
         ``F.linear``: at a few rows the product is bound by reading the weight, and on the
         shapes where cuBLAS reads it slowly the kernel reads it faster
-        (see ``triton_skinny_gemm.py``). The kernel also applies SiLU-and-mul as it loads
-        ``x``, which saves that layer's kernel launch and its round trip through memory."""
-        if x.numel() <= self.gemv_max_m * x.shape[-1]:
+        (see ``triton_skinny_gemm.py``). At up to ``FUSED_ACTIVATION_MAX_M`` rows the
+        kernel also applies SiLU-and-mul as it loads ``x``, which saves that layer's kernel
+        launch and its round trip through memory; above, the activation runs first."""
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows <= self.gemv_max_m and (act is None or isinstance(act, SiluAndMul)):
             from minivllm.model_executor.layers import triton_skinny_gemm  # Triton is optional
 
-            if act is None or isinstance(act, SiluAndMul):
-                return triton_skinny_gemm.skinny_gemm(x, self.weight, bias, act is not None)
+            if act is not None and rows > FUSED_ACTIVATION_MAX_M:
+                x, act = act(x), None
+            return triton_skinny_gemm.skinny_gemm(x, self.weight, bias, act is not None)
         return F.linear(x if act is None else act(x), self.weight, bias)
 
     def param_name(self, param: torch.Tensor) -> str:

@@ -32,6 +32,13 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #: ``MINIVLLM_GEMV_MAX_M=0`` keeps every linear layer on ``F.linear``.
 GEMV_MAX_M_ENV = "MINIVLLM_GEMV_MAX_M"
 DEFAULT_GEMV_MAX_M = 8
+#: The most rows at which down_proj's small-M kernel applies SiLU-and-mul as it loads its
+#: input. One or two rows run on the CUDA-core tiling, where the fused activation saves
+#: its kernel; from three rows on, the tensor-core tiling recomputes it in every output
+#: tile and the fused call took 20 us against 6 us for the activation kernel's output
+#: through the same kernel unfused (and 9 us for the activation and cuBLAS) on the H200
+#: (docs/benchmarks/perf8/gemv_small_m.json).
+FUSED_ACTIVATION_MAX_M = 2
 
 
 def gemv_max_m() -> int:
@@ -142,10 +149,10 @@ def warm_up_small_m_kernels(model: nn.Module) -> int:
 
     The launch configuration depends on the row count only through "one or two rows" or
     "more" (the kernel does not specialise on ``M`` itself), so running each distinct
-    layer shape at 1, 2 and 3 rows (row-parallel ones also with SiLU-and-mul fused)
-    compiles them all, before the engine serves and also
-    when it runs without CUDA graphs. Returns the number of launches (0 when the layers
-    do not use the kernel here).
+    layer shape at 1, 2 and 3 rows (row-parallel ones also with SiLU-and-mul fused, at the
+    rows that fuse it, ``FUSED_ACTIVATION_MAX_M``) compiles them all, before the engine
+    serves and also when it runs without CUDA graphs. Returns the number of launches (0
+    when the layers do not use the kernel here).
     """
     # Imported here: the layers import this module, and Triton is optional.
     from minivllm.model_executor.custom_op import CustomOp
@@ -169,9 +176,11 @@ def warm_up_small_m_kernels(model: nn.Module) -> int:
         if key in seen:
             continue
         seen.add(key)
-        # A row-parallel layer may also be down_proj, which fuses SiLU-and-mul (gated).
+        # A row-parallel layer may also be down_proj, which fuses SiLU-and-mul (gated) at
+        # up to FUSED_ACTIVATION_MAX_M rows.
         for gated in (False, True) if isinstance(module, RowParallelLinear) else (False,):
-            for m in sorted({min(rows, limit) for rows in (1, 2, 3)}):
+            top = min(3, FUSED_ACTIVATION_MAX_M) if gated else 3
+            for m in sorted({min(rows, limit) for rows in range(1, top + 1)}):
                 width = weight.shape[1] * (2 if gated else 1)
                 x = torch.zeros(m, width, dtype=weight.dtype, device=weight.device)
                 triton_skinny_gemm.skinny_gemm(x, weight, bias, gated)

@@ -93,7 +93,8 @@ class LlamaMLP(nn.Module):
     def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The rest of ``forward`` from ``gate_up_proj``'s output ``[T, 2 * intermediate]``
         (the decoder layer runs ``gate_up_proj`` itself, fused with its norm)."""
-        # down_proj applies act_fn itself: its small-M kernel fuses it into its loads.
+        # down_proj applies act_fn itself: at one or two rows its small-M kernel fuses it
+        # into its loads.
         return self.down_proj(gate_up, act=self.act_fn)
 
 
