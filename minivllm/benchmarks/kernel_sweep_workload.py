@@ -262,10 +262,13 @@ def split_mixed_batch(name: str, seqs: list[tuple[int, int]], seed: int) -> dict
     tiles in ``seq_order``, then the chunks on prefill tiles; each half alone too. The
     cache first receives the step's keys, so both ways compute the same thing: the
     largest difference between them is reported."""
+    import numpy as np
+
     from minivllm.attention.triton_reshape_and_cache import launch_reshape_and_cache
+    from minivllm.worker.input_batch import leading_decodes
 
     inputs = batch_inputs(seqs, seed)
-    n = next(i for i, (_, new) in enumerate(seqs) if new != 1)
+    n = leading_decodes(np.asarray([new for _, new in seqs]))  # where the engine cuts
     table, lens, qsl = inputs["block_table"], inputs["seq_lens"], inputs["query_start_loc"]
     slots = torch.cat([
         table[i, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE
