@@ -36,6 +36,9 @@ class AttentionMetadata:
         max_seq_len: Longest context of the batch (host int, same reason).
         decode_split: For a mixed batch, the same batch cut in two: its leading
             single-token queries and the rest (see :class:`DecodeSplit`); None otherwise.
+        launch_order: A decode batch's ``seq_order`` as the host computed it
+            (``[num_seqs]`` int64 on the device, carried in the step's one copy); None
+            leaves ``seq_order`` to sort ``seq_lens`` on the device.
     """
 
     slot_mapping: torch.Tensor
@@ -45,6 +48,7 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     decode_split: DecodeSplit | None = None
+    launch_order: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -57,13 +61,17 @@ class AttentionMetadata:
         the device), or None for a batch with longer queries.
 
         The launch order of the attention kernel (see "Launch order" in
-        ``triton_unified_attention.py``). Computed on first use, by the first attention
-        layer of the step, and shared by the others: one small sort per step. It runs on
-        the device so that a captured CUDA graph replays it, on the lengths of that
-        replay.
+        ``triton_unified_attention.py``). The engine's steps bring it from the host
+        (``launch_order``: ``prepare_inputs`` sorts the lengths it already has, and a
+        CUDA graph reads it from a static buffer), which keeps a sort kernel out of
+        every decode step. Without it, it is sorted on the device on first use, by the
+        first attention layer, and shared by the others. Any permutation is correct;
+        the order only decides which programs start first.
         """
         if self.max_query_len != 1:
             return None
+        if self.launch_order is not None:
+            return self.launch_order
         return torch.argsort(self.seq_lens, descending=True)
 
 

@@ -9,6 +9,9 @@ timed as a loop of calls between two device synchronizations, in alternating rou
 drift of the clocks shows as spread, not as a ratio. The metadata is built once, outside
 the timing (it is the same host work for both paths).
 
+``host`` (``sampler_host.py``) records the host's share: the metadata built and reused,
+and the sampler's own host time with per-row keys and with one batch key.
+
 ``--sweep`` also times the kernel alone (device time, L2 flushed, triton's ``do_bench``)
 under several tilings, and checks they all return the same tokens.
 
@@ -60,6 +63,8 @@ def add_sampler_args(parser: argparse.ArgumentParser) -> None:
                         help="draws of the on-device chi-square check")  # fmt: skip
     parser.add_argument("--sweep", action="store_true",
                         help="also time the kernel alone under several tilings")  # fmt: skip
+    parser.add_argument("--host-calls", type=int, default=200,
+                        help="calls per host-time figure (sampler_host.py); 0: skip")  # fmt: skip
 
 
 def _metadata(n: int, temperature: float, device: torch.device, vocab: int):
@@ -181,6 +186,14 @@ def run_sampler_bench(args: argparse.Namespace) -> dict[str, Any]:
           f"{us['greedy']:.0f} us, general {us['general']:.0f} us, one-pass kernel "
           f"{us['gumbel']:.0f} us per call (x{result['general_over_gumbel']:.2f}); one read "
           f"of the logits at copy bandwidth: {read_us:.0f} us", flush=True)  # fmt: skip
+    if args.host_calls > 0:
+        from minivllm.benchmarks.sampler_host import sampler_host_costs
+
+        host = result["host"] = sampler_host_costs(logits, args.temperature, gen, args.host_calls)
+        print(f"host us per step: metadata built {host['metadata_build_us']:.0f} (greedy "
+              f"{host['metadata_build_greedy_us']:.0f}), reused {host['metadata_reused_us']:.0f}; "
+              f"sampler with per-row keys {host['sample_row_keys_us']:.0f}, with a batch key "
+              f"{host['sample_batch_key_us']:.0f}", flush=True)  # fmt: skip
     write_json(Path(args.output), result)  # the timings survive a cut in the checks
     result["checks"] = device_checks(device, vocab, args.check_draws, gen)
     if args.sweep:

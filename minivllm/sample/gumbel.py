@@ -14,6 +14,11 @@ program computes it), and keeps the best score; a second tiny kernel picks the b
 slice. The result does not depend on the tiling, and a row's token depends on nothing
 but its own logits, temperature, seed and position.
 
+A step whose rows are all unseeded needs no per-row keys: the caller passes one key for
+the batch (a fresh draw from the engine's seed each step) and each row's noise is
+counted by its row index instead of its position, so nothing but a kernel argument
+changes from step to step (no host array, no copy to the device).
+
 ``E = -log(1 - u)`` is computed so that small ``E`` keeps full precision: a token of
 probability ``1e-7`` wins only when its ``E`` is below about ``1e-7``, and ``1 - u`` in
 float32 cannot resolve that. For small ``u`` a series replaces the logarithm, and ``u``
@@ -34,6 +39,7 @@ from triton.language.extra import libdevice
 _SERIES_BELOW = tl.constexpr(0.0625)
 _TWO_POW_M32 = tl.constexpr(2.3283064365386963e-10)
 _LOG2E = tl.constexpr(1.4426950408889634)
+_BATCH_KEY_MIN = 2**31
 
 
 @triton.jit
@@ -55,14 +61,16 @@ def _exponential_log2(bits, FAST: tl.constexpr):
     return tl.where(u < _SERIES_BELOW, series * _LOG2E, -_log2(1.0 - u, FAST))
 
 
-# The batch size changes every step: not a specialization (one variant per model).
-@triton.jit(do_not_specialize=["num_rows"])
+# The batch size and the batch key change every step: not specializations (one variant
+# per model and key mode).
+@triton.jit(do_not_specialize=["num_rows", "batch_key"])
 def _gumbel_max_partial_kernel(
     logits_ptr,
     logits_stride,
     temperature_ptr,
     seeds_ptr,
     positions_ptr,
+    batch_key,
     best_score_ptr,
     best_token_ptr,
     row_max_ptr,
@@ -73,6 +81,7 @@ def _gumbel_max_partial_kernel(
     GROUPS: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     FAST_LOG: tl.constexpr,
+    ROW_KEYS: tl.constexpr,
 ):
     """Best ``(x / T - log E) / ln 2`` (``x`` when ``T == 0``) of one slice of
     ``BLOCK_ROWS`` rows: base 2 and ``E / ln 2`` (whose log differs from ``log2 E`` by a
@@ -80,7 +89,9 @@ def _gumbel_max_partial_kernel(
 
     Columns are handled in groups of four: one Philox call gives four random words, so
     group ``g`` (columns ``4g .. 4g+3``) of a row uses counter ``(g, position)`` under
-    the row's seed. Tiles are ``[BLOCK_ROWS, GROUPS, 4]``.
+    the row's seed. Tiles are ``[BLOCK_ROWS, GROUPS, 4]``. With ``ROW_KEYS`` each row's
+    seed and position are loaded; without, every row uses ``batch_key`` and its own row
+    index as the position (see ``gumbel_sample``).
     """
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     split = tl.program_id(1)
@@ -88,8 +99,12 @@ def _gumbel_max_partial_kernel(
     temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=1.0)
     greedy = (temperature == 0.0)[:, None, None]
     scale = _LOG2E / tl.where(greedy, 1.0, temperature[:, None, None])
-    seed = tl.load(seeds_ptr + rows, mask=row_ok, other=0)[:, None]
-    position = tl.load(positions_ptr + rows, mask=row_ok, other=0).to(tl.int32)[:, None]
+    if ROW_KEYS:
+        seed = tl.load(seeds_ptr + rows, mask=row_ok, other=0)[:, None]
+        position = tl.load(positions_ptr + rows, mask=row_ok, other=0).to(tl.int32)[:, None]
+    else:
+        seed = tl.zeros((BLOCK_ROWS, 1), tl.int64) + batch_key
+        position = rows.to(tl.int32)[:, None]
     row_ptr = logits_ptr + rows.to(tl.int64)[:, None, None] * logits_stride
     lane = tl.arange(0, 4)[None, None, :]
     # Running best per tile position, reduced once at the end: no cross-thread work
@@ -170,6 +185,14 @@ def _gumbel_max_reduce_kernel(
     tl.store(finite_ptr + rows, finite.to(tl.int8), mask=row_ok)
 
 
+def batch_key(seed: int) -> int:
+    """``seed`` folded into ``[2**31, 2**63)``: Triton types an int argument by its value
+    (int32 below ``2**31``, uint64 from ``2**63``), and one kernel variant should serve
+    every key (Philox reads the key as two 32-bit words, so the fold loses no noise
+    quality, only keys below ``2**31``)."""
+    return _BATCH_KEY_MIN + seed % (2**63 - _BATCH_KEY_MIN)
+
+
 @dataclass(frozen=True)
 class GumbelLaunchConfig:
     """Tiling: ``num_splits`` programs per row of ``split_size`` columns, each read in
@@ -209,8 +232,8 @@ def gumbel_launch_config(
 def gumbel_sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
+    seeds: torch.Tensor | int,
+    positions: torch.Tensor | None,
     config: GumbelLaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row: a draw from ``softmax(logits / T)``, or the argmax where ``T == 0``.
@@ -218,9 +241,12 @@ def gumbel_sample(
     Args:
         logits: ``[num_rows, vocab_size]`` (any float dtype; rows may be strided).
         temperature: ``[num_rows]`` float32, 0 on greedy rows.
-        seeds: ``[num_rows]`` int64, the Philox key of each row's noise.
+        seeds: ``[num_rows]`` int64, the Philox key of each row's noise; or one Python
+            int, the key of the whole batch, each row's position then being its row
+            index (unseeded rows of one step: nothing to copy to the device per row).
         positions: ``[num_rows]`` int64, the position of the token each row samples
-            (the second Philox counter word: a new token, new noise).
+            (the second Philox counter word: a new token, new noise); None with a
+            batch key.
         config: The tiling (tests try others); the default is ``gumbel_launch_config``'s.
 
     Returns:
@@ -237,13 +263,17 @@ def gumbel_sample(
     finite = torch.empty(num_rows, dtype=torch.int8, device=device)
     if num_rows == 0:
         return sampled, finite.view(torch.bool)
+    row_keys = isinstance(seeds, torch.Tensor)
+    if not row_keys and positions is not None:
+        raise ValueError("gumbel_sample: positions must be None with a batch key (an int seeds)")
     row_blocks = triton.cdiv(num_rows, cfg.block_rows)
     _gumbel_max_partial_kernel[(row_blocks, cfg.num_splits)](
         logits,
         logits.stride(0),
         temperature,
-        seeds,
-        positions,
+        seeds if row_keys else temperature,  # unread without ROW_KEYS
+        positions if row_keys else temperature,
+        0 if row_keys else batch_key(seeds),
         best_score,
         best_token,
         row_max,
@@ -254,6 +284,7 @@ def gumbel_sample(
         GROUPS=cfg.groups,
         BLOCK_ROWS=cfg.block_rows,
         FAST_LOG=device.type == "cuda",
+        ROW_KEYS=row_keys,
         num_warps=cfg.num_warps,
     )
     _gumbel_max_reduce_kernel[(row_blocks,)](

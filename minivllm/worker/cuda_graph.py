@@ -151,6 +151,13 @@ class CUDAGraphRunner:
         # it, and the next decode replay restores it from here.
         self._arange = torch.arange(n + 1, **i32)
         self._query_start_loc_is_arange = True
+        # A decode graph's launch order (AttentionMetadata.seq_order), copied in with the
+        # batch. Entries past the batch name the padding sequences (length 1, so last
+        # in any longest-first order); _order_written marks how far a replay overwrote
+        # that tail.
+        self.seq_order = torch.arange(n, dtype=torch.long, device=device)
+        self._order_arange = torch.arange(n, dtype=torch.long, device=device)
+        self._order_written = 0
         self.output = torch.zeros(n, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
         self.pool = None
@@ -178,6 +185,7 @@ class CUDAGraphRunner:
             query_start_loc=self.query_start_loc[: num_seqs + 1],
             max_query_len=max_query_len,
             max_seq_len=self.max_model_len,
+            launch_order=self.seq_order[:num_seqs] if family == DECODE else None,
         )
 
     def _forward(self, family: str, size: int) -> None:
@@ -242,6 +250,16 @@ class CUDAGraphRunner:
         self.query_start_loc[num_seqs + 1 : cap + 1].fill_(num_tokens)
         self.seq_lens[num_seqs:cap].fill_(0)
 
+    def _copy_seq_order(self, order: torch.Tensor, num_seqs: int) -> None:
+        """Write a decode batch's launch order (the host's, or a device sort when the
+        batch brought none) and put back the padding's own indices behind it where an
+        earlier, larger batch had written."""
+        if num_seqs < self._order_written:
+            tail = slice(num_seqs, self._order_written)
+            self.seq_order[tail].copy_(self._order_arange[tail])
+        self.seq_order[:num_seqs].copy_(order, non_blocking=True)
+        self._order_written = num_seqs
+
     def padded_size(self, num_seqs: int) -> int | None:
         """The captured size a decode batch of ``num_seqs`` runs at, or None."""
         i = bisect.bisect_left(self.capture_sizes, num_seqs)
@@ -292,6 +310,7 @@ class CUDAGraphRunner:
         self.seq_lens[:s].copy_(meta.seq_lens, non_blocking=True)
         if family == DECODE:
             self.seq_lens[s:size].fill_(1)
+            self._copy_seq_order(meta.seq_order, s)
             if not self._query_start_loc_is_arange:
                 self.query_start_loc.copy_(self._arange)
                 self._query_start_loc_is_arange = True

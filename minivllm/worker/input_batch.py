@@ -101,27 +101,33 @@ def prepare_inputs(
     num_drafts = np.fromiter((len(s.spec_token_ids) for s in scheduled), np.int64, num_reqs)
     fill_dst, fill_src = prev.sources(placeholders, num_drafts[in_flight_rows])
     num_decodes = leading_decodes(num_new)
+    max_query_len = int(num_new.max())
     # A mixed step's prompt chunks are attended apart from its decodes: their offsets,
     # counted from the first chunk token, ride along in the one copy.
     split_qsl = [query_start_loc[num_decodes:] - num_decodes] if num_decodes else []
-    input_ids, positions_d, slots, logits_idx, dst, src, table, seq_lens_d, qsl, *prefill_qsl = (
-        copy_arrays_to_device(
-            [
-                np.asarray(tokens, np.int64),
-                positions,
-                slot_mapping,
-                logits_indices,
-                fill_dst,
-                fill_src,
-                block_table,
-                seq_lens,
-                query_start_loc,
-                *split_qsl,
-            ],
-            [np.int64] * 6 + [np.int32] * (3 + len(split_qsl)),
-            device,
-        )
+    # The decodes' launch order (longest context first), sorted here rather than by a
+    # kernel in every step: the lengths are on the host already.
+    num_ordered = num_reqs if max_query_len == 1 else num_decodes
+    order = [launch_order(seq_lens[:num_ordered])] if num_ordered else []
+    on_device = copy_arrays_to_device(
+        [
+            np.asarray(tokens, np.int64),
+            positions,
+            slot_mapping,
+            logits_indices,
+            fill_dst,
+            fill_src,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            *order,
+            *split_qsl,
+        ],
+        [np.int64] * 6 + [np.int32] * 3 + [np.int64] * len(order) + [np.int32] * len(split_qsl),
+        device,
     )
+    input_ids, positions_d, slots, logits_idx, dst, src, table, seq_lens_d, qsl = on_device[:9]
+    order_d, prefill_qsl = on_device[9 : 9 + len(order)], on_device[9 + len(order) :]
     shift = None
     if placeholders:
         # Queued behind the previous step on the same stream: it reads the ids
@@ -142,14 +148,16 @@ def prepare_inputs(
         block_table=table,
         seq_lens=seq_lens_d,
         query_start_loc=qsl,
-        max_query_len=int(num_new.max()),
+        max_query_len=max_query_len,
         max_seq_len=int(seq_lens.max()),
+        launch_order=order_d[0] if order_d and not num_decodes else None,
     )
     if num_decodes:
         attn_metadata.decode_split = DecodeSplit.of(
             attn_metadata, num_decodes, prefill_qsl[0],
             int(seq_lens[:num_decodes].max()), int(seq_lens[num_decodes:].max()),
         )  # fmt: skip
+        attn_metadata.decode_split.decodes.launch_order = order_d[0]
     return ModelInputs(
         input_ids=input_ids,
         positions=positions_d,
@@ -161,6 +169,12 @@ def prepare_inputs(
             query_start_loc, starts, block_table, num_blocks, needs_sample, num_drafts, shift
         ),
     )
+
+
+def launch_order(seq_lens: np.ndarray) -> np.ndarray:
+    """Sequence indices, longest context first (int64: the dtype of the attention
+    kernel's compiled ``seq_order`` argument, whichever side sorts)."""
+    return np.argsort(-seq_lens.astype(np.int64), kind="stable")
 
 
 def leading_decodes(num_new: np.ndarray) -> int:

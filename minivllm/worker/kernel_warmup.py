@@ -129,15 +129,18 @@ def warm_up_logits(runner: Any) -> int:
 
 
 def _warm_up_sampler(runner: Any) -> None:
-    """The one-pass sampling kernels (``sample/gumbel.py``): one variant per model, set by
-    its logits' dtype and width, so one row of real logits compiles them."""
+    """The one-pass sampling kernels (``sample/gumbel.py``): one variant per model and key
+    mode (per-row keys, one batch key), set by its logits' dtype and width, so one row of
+    real logits compiles them."""
     from minivllm.sample.gumbel import gumbel_sample
 
     config = runner.model_config
     hidden = torch.zeros(1, config.hf_config.hidden_size, dtype=config.dtype, device=runner.device)
     logits = runner.model.compute_logits(hidden)  # the layout the sampler gets (all ranks)
     zeros = torch.zeros(1, dtype=torch.int64, device=runner.device)
-    gumbel_sample(logits, torch.ones(1, device=runner.device), zeros, zeros)
+    temperature = torch.ones(1, device=runner.device)
+    gumbel_sample(logits, temperature, zeros, zeros)
+    gumbel_sample(logits, temperature, 0, None)
 
 
 def _num_heads(runner: Any) -> int:

@@ -26,7 +26,7 @@ from minivllm.distributed.parallel_state import (
 from minivllm.forward_context import set_forward_context
 from minivllm.model_executor.loader import get_model
 from minivllm.runner_outputs import ModelRunnerOutput, SamplerOutput
-from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.metadata import SamplingMetadata, SamplingMetadataCache
 from minivllm.sample.prompt_logprobs import compute_prompt_logprobs
 from minivllm.sample.rejection_sampler import RejectionSampler
 from minivllm.sample.sampler import Sampler
@@ -91,6 +91,8 @@ class ModelRunner:
         # request_id -> that request's seeded generator; lives until the request ends,
         # so a seeded stream continues where it was after a preemption.
         self.generators: dict[str, torch.Generator] = {}
+        # The sampler's inputs, rebuilt only when the sampling requests change.
+        self._metadata_cache = SamplingMetadataCache()
         # The previous step's sampled ids, kept on the device: with async scheduling the
         # next step is prepared before they reach the host, and its input ids for those
         # requests are filled in from here.
@@ -275,13 +277,17 @@ class ModelRunner:
             return SamplingMetadata.from_requests(
                 rows, self.device, self.generators, logits.shape[-1]
             )
-        return SamplingMetadata.from_requests(
-            [s.request for s in sampling],
-            self.device,
-            self.generators,
-            logits.shape[-1],
-            in_flight_ids=frozenset(inputs.placeholder_req_ids),
-            read_in_flight=self._read_in_flight_tokens,
+        requests = [s.request for s in sampling]
+        return self._metadata_cache.get(
+            requests,
+            lambda: SamplingMetadata.from_requests(
+                requests,
+                self.device,
+                self.generators,
+                logits.shape[-1],
+                in_flight_ids=frozenset(inputs.placeholder_req_ids),
+                read_in_flight=self._read_in_flight_tokens,
+            ),
         )
 
     def _verify_drafts(

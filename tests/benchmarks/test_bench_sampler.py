@@ -19,12 +19,16 @@ from minivllm.cli import main
 )
 def test_bench_sampler_records_both_paths_and_checks(tmp_path) -> None:
     out = tmp_path / "sampler.json"
-    tiny = ["--num-rows", "4", "--vocab-size", "64", "--iters", "2", "--rounds", "1", "--sweep"]
+    tiny = ["--num-rows", "4", "--vocab-size", "64", "--iters", "2", "--rounds", "1", "--sweep",
+            "--host-calls", "5"]  # fmt: skip
     main(["bench", "sampler", *tiny, "--check-draws", "4096", "--allow-cpu", "--output", str(out)])
     result = json.loads(out.read_text())
     assert "bench sampler" in result["command"]
     assert set(result["us_per_call"]) == {"greedy", "general", "gumbel"}
     assert result["general_over_gumbel"] > 0
+    host = result["host"]
+    assert all(host[k] > 0 for k in host if k.endswith("_us"))
+    assert host["metadata_reused_us"] < host["metadata_build_us"]
     assert result["sweep"]["same_tokens_every_tiling"] and len(result["sweep"]["tilings"]) > 1
     checks = result["checks"]
     assert checks["greedy_rows_equal_argmax"]

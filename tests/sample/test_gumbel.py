@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minivllm.sample.gumbel import gumbel_launch_config, gumbel_sample
+from minivllm.sample.gumbel import batch_key, gumbel_launch_config, gumbel_sample
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
@@ -95,6 +95,35 @@ def test_greedy_rows_are_the_exact_argmax_and_tiling_changes_nothing() -> None:
     moved = gumbel_sample(logits, temperature, keys, positions + 1)[0]
     assert torch.equal(moved[greedy], results[0][greedy])
     assert not torch.equal(moved[~greedy], results[0][~greedy])
+
+
+def test_batch_key_is_row_keys_counted_by_row_index() -> None:
+    """One key for the batch draws exactly what per-row keys draw with every row's key
+    that key (folded by ``batch_key``) and its row index as the position; and a new key
+    is new noise."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 40, generator=g).to(DEVICE)
+    temperature = torch.tensor([0.8, 0.0, 1.2, 0.5, 0.8, 2.0], device=DEVICE)
+    key = 12345
+    tokens, finite = gumbel_sample(logits, temperature, key, None, SMALL_TILES)
+    keys = torch.full((6,), batch_key(key), dtype=torch.int64, device=DEVICE)
+    rows = torch.arange(6, dtype=torch.int64, device=DEVICE)
+    assert torch.equal(tokens, gumbel_sample(logits, temperature, keys, rows, SMALL_TILES)[0])
+    assert finite.all() and tokens[1] == logits[1].argmax()
+    # Each row its own noise: identical rows of one batch still draw independently.
+    same = logits[:1].expand(4_000, -1)
+    draws = gumbel_sample(same, torch.full((4_000,), 0.9, device=DEVICE), key, None)[0]
+    counts = torch.bincount(draws.cpu(), minlength=40)
+    assert chi_square_pvalue(counts, (logits[0].double().cpu() / 0.9).softmax(-1)) > ALPHA
+    other = gumbel_sample(same, torch.full((4_000,), 0.9, device=DEVICE), key + 1, None)[0]
+    assert not torch.equal(other, draws)
+    with pytest.raises(ValueError, match="positions must be None"):
+        gumbel_sample(logits, temperature, key, rows)
+
+
+def test_batch_key_folds_into_one_kernel_type() -> None:
+    for seed in (0, 1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64 + 5, -7):
+        assert 2**31 <= batch_key(seed) < 2**63
 
 
 def test_nonfinite_rows_are_flagged_with_valid_ids() -> None:

@@ -110,6 +110,41 @@ def _meta(max_query_len: int, num_seqs: int) -> AttentionMetadata:
     return AttentionMetadata(empty, empty[:, None], empty, empty, max_query_len, 128)
 
 
+class _NoReplay:
+    def replay(self) -> None:
+        pass
+
+
+def test_decode_replays_bring_the_launch_order_and_restore_the_padding() -> None:
+    """A decode graph reads its launch order from a static buffer: the batch's order (the
+    host's ``launch_order``, or a device sort without one) up front, the padding
+    sequences' own indices behind it, also after a larger batch wrote there."""
+    graphs = _cpu_graph_runner(num_speculative_tokens=0)
+    graphs.graphs = {key: _NoReplay() for key in graphs.graph_keys()}
+    captured = graphs._metadata(DECODE, 8)
+    assert captured.seq_order.data_ptr() == graphs.seq_order.data_ptr()
+    assert graphs._metadata(PREFILL, 32).launch_order is None
+
+    def replay(seq_lens: list[int], host_order: list[int] | None) -> list[int]:
+        n = len(seq_lens)
+        lens = torch.tensor(seq_lens, dtype=torch.int32)
+        meta = AttentionMetadata(
+            torch.zeros(n, dtype=torch.long), torch.zeros(n, 1, dtype=torch.int32), lens,
+            torch.arange(n + 1, dtype=torch.int32), 1, max(seq_lens),
+            launch_order=None if host_order is None else torch.tensor(host_order),
+        )  # fmt: skip
+        key = graphs.graph_key(meta, n)
+        assert key is not None and key[0] == DECODE
+        graphs.run(key, torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long), meta)
+        return graphs.seq_order[: key[1]].tolist()
+
+    assert replay([5, 9, 7, 2, 8], [1, 4, 2, 0, 3]) == [1, 4, 2, 0, 3, 5, 6, 7]
+    assert graphs.capture_sizes[:4] == [1, 2, 4, 8]
+    assert replay([3, 6, 1], [1, 0, 2]) == [1, 0, 2, 3]  # the old tail is given back
+    assert graphs.seq_order[:8].tolist() == [1, 0, 2, 3, 4, 5, 6, 7]
+    assert replay([4, 11, 2], None) == [1, 0, 2, 3]  # sorted on the device instead
+
+
 class _EagerReplay:
     """A captured graph's stand-in on the CPU: replaying runs the forward pass the graph
     would have recorded, over the same static buffers and the same padded layout."""

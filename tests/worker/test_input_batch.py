@@ -13,7 +13,7 @@ from minivllm.core.sched_output import ScheduledRequest, SchedulerOutput
 from minivllm.forward_context import DecodeSplit
 from minivllm.worker.async_spec import PrevStep
 from minivllm.worker.block_table import BlockTable
-from minivllm.worker.input_batch import leading_decodes, prepare_inputs
+from minivllm.worker.input_batch import launch_order, leading_decodes, prepare_inputs
 
 BLOCK_SIZE = 4
 CPU = torch.device("cpu")
@@ -85,3 +85,25 @@ def test_the_cut_is_checked():
             DecodeSplit.of(meta, n, meta.query_start_loc, 1, 1)
     with pytest.raises(ValueError, match="prefill_query_start_loc must have shape"):
         DecodeSplit.of(meta, 1, meta.query_start_loc, 1, 1)
+
+
+def test_decodes_carry_their_launch_order_from_the_host():
+    """A decode step, and a mixed step's decodes, bring their longest-first order in the
+    step's copy (int64, as the device sort gave it); prompt chunks have none."""
+    meta = _prepare([(9, 1), (30, 1), (4, 1), (30, 1)])
+    assert meta.launch_order is not None and meta.launch_order.dtype == torch.int64
+    assert meta.seq_order is meta.launch_order
+    assert meta.launch_order.tolist() == [1, 3, 0, 2]  # ties keep batch order
+    mixed = _prepare([(9, 1), (20, 1), (0, 5)])
+    assert mixed.launch_order is None and mixed.seq_order is None
+    assert mixed.decode_split.decodes.seq_order.tolist() == [1, 0]
+    assert mixed.decode_split.prefills.seq_order is None
+    assert _prepare([(0, 6), (3, 4)]).launch_order is None
+
+
+def test_launch_order_is_the_device_sort_up_to_ties():
+    lens = np.array([5, 900, 17, 900, 1, 64], dtype=np.int32)
+    order = launch_order(lens)
+    assert order.dtype == np.int64
+    device = torch.argsort(torch.from_numpy(lens), descending=True)
+    assert torch.equal(torch.from_numpy(lens[order]), torch.from_numpy(lens)[device])
