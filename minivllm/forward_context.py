@@ -107,10 +107,12 @@ class DecodeSplit:
         prefill_query_start_loc: torch.Tensor,
         decode_max_seq_len: int,
         prefill_max_seq_len: int,
+        decode_launch_order: torch.Tensor | None = None,
     ) -> DecodeSplit:
         """Cut ``metadata`` after its first ``num_decodes`` sequences (``0 <
         num_decodes < num_seqs``); ``prefill_query_start_loc`` is the rest's query offsets
-        counted from their first token, the two maxima the halves' longest contexts."""
+        counted from their first token, the two maxima the halves' longest contexts, and
+        ``decode_launch_order`` the decodes' ``launch_order`` (None: sorted on the device)."""
         n = num_decodes
         if not 0 < n < metadata.num_seqs:
             raise ValueError(f"num_decodes must be in 1..{metadata.num_seqs - 1}, got {n}")
@@ -126,6 +128,7 @@ class DecodeSplit:
             query_start_loc=metadata.query_start_loc[: n + 1],
             max_query_len=1,
             max_seq_len=decode_max_seq_len,
+            launch_order=decode_launch_order,
         )
         prefills = AttentionMetadata(
             slot_mapping=metadata.slot_mapping[n:],

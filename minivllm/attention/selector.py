@@ -74,8 +74,8 @@ class AttentionBackend:
     kernels are checked against, which keeps its own write.
 
     ``takes_seq_order``: whether ``paged_attention`` uses a decode batch's
-    ``AttentionMetadata.seq_order``; the layer asks the metadata for it (one
-    ``torch.argsort`` per step) only for such a backend.
+    ``AttentionMetadata.seq_order``; the layer asks the metadata for it only for such a
+    backend (a batch built without a host-sorted order then sorts on the device).
 
     ``splits_decodes``: whether the layer attends a mixed batch's decodes and prompt
     chunks in two calls (``AttentionMetadata.decode_split``): worth it where one call

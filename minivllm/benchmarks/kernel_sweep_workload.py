@@ -265,7 +265,7 @@ def split_mixed_batch(name: str, seqs: list[tuple[int, int]], seed: int) -> dict
     import numpy as np
 
     from minivllm.attention.triton_reshape_and_cache import launch_reshape_and_cache
-    from minivllm.worker.input_batch import leading_decodes
+    from minivllm.worker.input_batch import launch_order, leading_decodes
 
     inputs = batch_inputs(seqs, seed)
     n = leading_decodes(np.asarray([new for _, new in seqs]))  # where the engine cuts
@@ -279,7 +279,9 @@ def split_mixed_batch(name: str, seqs: list[tuple[int, int]], seed: int) -> dict
                              inputs["value_cache"], slots)  # fmt: skip
     whole_cfg = picked_config(seqs)
     dec_cfg, pre_cfg = picked_config(seqs[:n], ordered=True), picked_config(seqs[n:])
-    order = torch.argsort(lens[:n], descending=True)
+    # The decodes in the engine's launch order, sorted on the host as prepare_inputs does.
+    order = torch.from_numpy(launch_order(np.asarray([c + new for c, new in seqs[:n]])))
+    order = order.to("cuda")
     query, out = inputs["query"], torch.empty_like(inputs["query"])
     caches = (inputs["key_cache"], inputs["value_cache"])
     scale = HEAD_SIZE**-0.5

@@ -37,6 +37,7 @@ from minivllm.benchmarks.common import (
     measure_copy_bandwidth,
     write_json,
 )
+from minivllm.benchmarks.sampler_host import make_requests, sampler_host_costs
 from minivllm.request import Request
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
@@ -68,8 +69,7 @@ def add_sampler_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _metadata(n: int, temperature: float, device: torch.device, vocab: int):
-    requests = [Request(str(i), [1], SamplingParams(temperature=temperature)) for i in range(n)]
-    return SamplingMetadata.from_requests(requests, device, {}, vocab)
+    return SamplingMetadata.from_requests(make_requests(n, temperature), device, {}, vocab)
 
 
 def _time_side(sampler: Sampler, logits: torch.Tensor, md, iters: int) -> float:
@@ -187,8 +187,6 @@ def run_sampler_bench(args: argparse.Namespace) -> dict[str, Any]:
           f"{us['gumbel']:.0f} us per call (x{result['general_over_gumbel']:.2f}); one read "
           f"of the logits at copy bandwidth: {read_us:.0f} us", flush=True)  # fmt: skip
     if args.host_calls > 0:
-        from minivllm.benchmarks.sampler_host import sampler_host_costs
-
         host = result["host"] = sampler_host_costs(logits, args.temperature, gen, args.host_calls)
         print(f"host us per step: metadata built {host['metadata_build_us']:.0f} (greedy "
               f"{host['metadata_build_greedy_us']:.0f}), reused {host['metadata_reused_us']:.0f}; "

@@ -43,7 +43,8 @@ def host_us(fn: Callable[[], object], device: torch.device, calls: int) -> float
     return statistics.median(times) * 1e6
 
 
-def _requests(n: int, temperature: float, seeded_rows: int = 0) -> list[Request]:
+def make_requests(n: int, temperature: float, seeded_rows: int = 0) -> list[Request]:
+    """``n`` one-token-prompt requests at ``temperature``, the first ``seeded_rows`` seeded."""
     return [
         Request(str(i), [1], SamplingParams(temperature=temperature,
                                             seed=i if i < seeded_rows else None))
@@ -58,14 +59,14 @@ def sampler_host_costs(
     ``logits``' shape (see the module docstring)."""
     rows, vocab = logits.shape
     device = logits.device
-    sampled, greedy = _requests(rows, temperature), _requests(rows, 0.0)
+    sampled, greedy = make_requests(rows, temperature), make_requests(rows, 0.0)
 
     def build(requests: list[Request]) -> SamplingMetadata:
         return SamplingMetadata.from_requests(requests, device, {}, vocab)
 
     cache = SamplingMetadataCache()
     cache.get(sampled, lambda: build(sampled))
-    seeded = _requests(rows, temperature, seeded_rows=1)
+    seeded = make_requests(rows, temperature, seeded_rows=1)
     seeded_md = SamplingMetadata.from_requests(
         seeded, device, {"0": torch.Generator(device=device).manual_seed(0)}, vocab
     )

@@ -153,10 +153,9 @@ class CUDAGraphRunner:
         self._query_start_loc_is_arange = True
         # A decode graph's launch order (AttentionMetadata.seq_order), copied in with the
         # batch. Entries past the batch name the padding sequences (length 1, so last
-        # in any longest-first order); _order_written marks how far a replay overwrote
-        # that tail.
+        # in any longest-first order; restored from _arange); _order_written marks how
+        # far a replay overwrote that tail.
         self.seq_order = torch.arange(n, dtype=torch.long, device=device)
-        self._order_arange = torch.arange(n, dtype=torch.long, device=device)
         self._order_written = 0
         self.output = torch.zeros(n, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
@@ -256,7 +255,7 @@ class CUDAGraphRunner:
         earlier, larger batch had written."""
         if num_seqs < self._order_written:
             tail = slice(num_seqs, self._order_written)
-            self.seq_order[tail].copy_(self._order_arange[tail])
+            self.seq_order[tail].copy_(self._arange[tail])
         self.seq_order[:num_seqs].copy_(order, non_blocking=True)
         self._order_written = num_seqs
 

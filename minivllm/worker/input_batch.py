@@ -155,9 +155,8 @@ def prepare_inputs(
     if num_decodes:
         attn_metadata.decode_split = DecodeSplit.of(
             attn_metadata, num_decodes, prefill_qsl[0],
-            int(seq_lens[:num_decodes].max()), int(seq_lens[num_decodes:].max()),
+            int(seq_lens[:num_decodes].max()), int(seq_lens[num_decodes:].max()), order_d[0],
         )  # fmt: skip
-        attn_metadata.decode_split.decodes.launch_order = order_d[0]
     return ModelInputs(
         input_ids=input_ids,
         positions=positions_d,
