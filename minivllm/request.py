@@ -113,6 +113,11 @@ class Request:
 
         self.block_hashes: list[BlockHash] = []
         self._block_hasher = block_hasher
+        # A block completes only every ``block_size`` tokens, and a decode step appends
+        # one: the hasher is called only once the next block can be full (a hasher
+        # that does not say its block size is called for every append).
+        self._hash_block_size: int | None = getattr(block_hasher, "block_size", None)
+        self._next_block_end = 0
         self.update_block_hashes()
 
     @property
@@ -150,8 +155,11 @@ class Request:
 
     def update_block_hashes(self) -> None:
         """Extend ``block_hashes`` with the hashes of newly completed full blocks."""
-        if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+        if self._block_hasher is None or len(self._all_token_ids) < self._next_block_end:
+            return
+        self.block_hashes.extend(self._block_hasher(self))
+        if self._hash_block_size is not None:
+            self._next_block_end = (len(self.block_hashes) + 1) * self._hash_block_size
 
     def is_finished(self) -> bool:
         """True once the request reached a terminal state (``RequestStatus.is_finished``

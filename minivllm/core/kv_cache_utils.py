@@ -190,7 +190,9 @@ def get_request_block_hasher(block_size: int) -> Callable[[Request], list[BlockH
     The callback hashes only blocks completed since the last call: it starts at
     ``len(request.block_hashes) * block_size`` and chains from ``request.block_hashes[-1]``,
     so hashing a request costs O(new tokens), not O(all tokens), per step. A partial
-    last block is never hashed: only full blocks can be shared.
+    last block is never hashed: only full blocks can be shared. The callback carries its
+    ``block_size`` as an attribute, so that ``Request`` calls it only once the next
+    block can be full, not after every decoded token.
 
     Args:
         block_size: Tokens per KV block.
@@ -212,6 +214,8 @@ def get_request_block_hasher(block_size: int) -> Callable[[Request], list[BlockH
             start += block_size
         return new_hashes
 
+    # Read by ``Request``, which skips the call until a block can be complete.
+    request_block_hasher.block_size = block_size  # type: ignore[attr-defined]
     return request_block_hasher
 
 

@@ -19,7 +19,7 @@ from minivllm.request import Request
 from minivllm.spec_decode.metrics import SpecDecodingStats
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's share of a step.
 
@@ -66,16 +66,17 @@ class ScheduledRequest:
     ) -> ScheduledRequest:
         """Snapshot what the runner needs about ``request``, scheduled for ``num_new``
         tokens (``drafts`` among them), before the scheduler advances its counters."""
+        computed = request.num_computed_tokens
+        # Positional: the scheduler builds one of these per running request per step.
         return cls(
-            request=request,
-            num_scheduled_tokens=num_new,
-            num_computed_tokens=request.num_computed_tokens,
-            block_ids=block_ids,
-            is_new=is_new,
-            is_resumed=resumed,
-            needs_sample=request.num_computed_tokens + num_new
-            >= request.num_tokens + request.num_output_placeholders,
-            spec_token_ids=drafts or [],
+            request,
+            num_new,
+            computed,
+            block_ids,
+            is_new,
+            resumed,
+            computed + num_new >= request.num_tokens + request.num_output_placeholders,
+            drafts or [],
         )
 
     @property

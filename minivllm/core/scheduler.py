@@ -133,29 +133,32 @@ class Scheduler(SchedulerInterface):
         if self._speculates_at is not None and not self._speculates_at(self._last_batch_size):
             k_in_flight = 0
 
-        # 1) RUNNING: decodes and unfinished prefills, oldest first.
+        # 1) RUNNING: decodes and unfinished prefills, oldest first. This loop runs for
+        # every running request every step (256 of them on a busy engine), so what it
+        # reads more than once is held in locals.
+        running, kv, max_model_len = self.running, self.kv_cache_manager, self.max_model_len
+        speculates = self.num_speculative_tokens > 0
         req_index = 0
-        while req_index < len(self.running) and budget > 0:
-            request = self.running[req_index]
+        while req_index < len(running) and budget > 0:
+            request = running[req_index]
             if reaches_max_tokens(request):
                 # Async scheduling: the step in flight samples its last token already.
                 req_index += 1
                 continue
-            in_flight = request.num_output_placeholders > 0 and self.num_speculative_tokens > 0
+            in_flight = speculates and request.num_output_placeholders > 0
             if in_flight:
                 # Async scheduling with a draft model: the input token and the drafts
                 # are still on the device (sched_async_spec).
                 num_drafts = num_drafts_in_flight(request, k_in_flight, self.max_model_len)
                 num_new = 0 if num_drafts is None else min(1 + num_drafts, budget)
             else:
+                computed = request.num_computed_tokens
                 num_new = min(
                     # Catch up with every token, including one still in flight, and with
                     # the drafts to verify (speculative decoding) ...
-                    request.num_tokens_with_spec
-                    + request.num_output_placeholders
-                    - request.num_computed_tokens,
+                    request.num_tokens_with_spec + request.num_output_placeholders - computed,
                     budget,  # ... as far as the budget allows (chunked prefill)
-                    self.max_model_len - request.num_computed_tokens,  # never past the model
+                    max_model_len - computed,  # never past the model
                 )
             if num_new <= 0:
                 # Already caught up, or at max_model_len with its last token in flight
@@ -165,7 +168,7 @@ class Scheduler(SchedulerInterface):
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # it preempted itself: nothing behind it is left in `running`
             # The manager's live list: it only grows, and the runner reads it this step.
-            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            block_ids = kv.get_block_ids(request.request_id)
             if in_flight:
                 drafts = [DRAFT_PLACEHOLDER] * (num_new - 1)
             else:

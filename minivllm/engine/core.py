@@ -278,18 +278,18 @@ class EngineCore:
             self.tracer.record_step(scheduler_output, self.kv_cache_manager, accepted)
         if self.step_recorder is not None:  # the drafts' fate, into this step's record
             self.step_recorder.on_verified(scheduler_output, accepted)
-        sampled = set()
         for row, request, num_before in live:
-            sampled.add(request.request_id)
             out = self._make_output(request, row, runner_output, num_before)
             if accepted is not None and out.new_token_ids:
                 out.num_draft_tokens = len(due[row].spec_token_ids)
                 out.num_accepted_tokens = accepted[row]
             outputs.append(out)
-        for rid in runner_output.prompt_logprobs:
-            request = self.scheduler.requests.get(rid)
-            if rid not in sampled and request is not None:  # a prefill chunk, no token yet
-                outputs.append(self._make_output(request, None, runner_output))
+        if runner_output.prompt_logprobs:
+            sampled = {request.request_id for _, request, _ in live}
+            for rid in runner_output.prompt_logprobs:
+                request = self.scheduler.requests.get(rid)
+                if rid not in sampled and request is not None:  # a prefill chunk, no token
+                    outputs.append(self._make_output(request, None, runner_output))
         if self.spec_decode is not None:
             in_flight = None if self._in_flight is None else self._in_flight[0]
             self.spec_decode.after_step(scheduler_output, runner_output, in_flight)
@@ -334,12 +334,13 @@ class EngineCore:
         if request.status == RequestStatus.FINISHED_ERROR:
             row = None  # its row's token and logprobs mean nothing
         prompt_logprobs = None if runner_output is None else runner_output.prompt_logprobs
+        # Both dicts are empty in most steps: this runs for every request every step.
         out = EngineCoreOutput(
             rid,
             [] if row is None else request.output_token_ids[num_before:],
-            new_prompt_logprobs=None if prompt_logprobs is None else prompt_logprobs.get(rid),
+            new_prompt_logprobs=prompt_logprobs.get(rid) if prompt_logprobs else None,
             num_cached_tokens=request.num_cached_tokens,
-            events=self._events.pop(rid, None),
+            events=self._events.pop(rid, None) if self._events else None,
         )
         lists = None if runner_output is None else runner_output.logprobs
         if row is not None and lists is not None and request.sampling_params.logprobs is not None:

@@ -50,12 +50,19 @@ class BlockTable:
         """Bring the scheduled requests' rows up to their block lists; return each one's
         row, in batch order."""
         rows = []
+        num_blocks = self.num_blocks
         for s in scheduled:
-            row = self.rows.get(s.request_id)
+            row = self.rows.get(s.request.request_id)
+            ids = s.block_ids
+            if row is not None and len(ids) == num_blocks[row] and not s.is_new:
+                # Most steps: a running request that gained no block (a block holds
+                # block_size tokens, a decode step adds one).
+                rows.append(row)
+                continue
             fresh = row is None
             if fresh:
-                row = self.rows[s.request_id] = self._new_row()
-            ids, old = s.block_ids, self.num_blocks[row]
+                row = self.rows[s.request.request_id] = self._new_row()
+            old = self.num_blocks[row]
             # A row is rewritten for a new occupant, and for a request admitted from the
             # waiting queue (after a preemption its old blocks were freed); a running
             # request only ever appends (a shorter list never happens; rewrite it too).
@@ -73,7 +80,7 @@ class BlockTable:
 
     def gather(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The step's ``[len(rows), widest]`` table (a copy) and its block counts."""
-        num_blocks = np.fromiter((self.num_blocks[r] for r in rows), np.int64, len(rows))
+        num_blocks = np.array(self.num_blocks, np.int64)[rows]
         width = int(num_blocks.max()) if rows else 0
         return self.table[rows, :width], num_blocks
 

@@ -65,40 +65,51 @@ def prepare_inputs(
     bs = block_size
     scheduled = scheduler_output.scheduled
     num_reqs = len(scheduled)
-    num_new = np.fromiter((s.num_scheduled_tokens for s in scheduled), np.int64, num_reqs)
-    starts = np.fromiter((s.num_computed_tokens for s in scheduled), np.int64, num_reqs)
-    query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
-    np.cumsum(num_new, out=query_start_loc[1:])
-    seq_lens = (starts + num_new).astype(np.int32)
-    block_table, num_blocks = block_tables.gather(block_tables.update(scheduled))
+    # One pass over the requests gathers every per-request fact (rather than a
+    # generator pass per fact, each walking all the requests again); numpy takes over
+    # from there.
+    counts: list[int] = []
+    computed: list[int] = []
+    samples: list[bool] = []
+    draft_counts: list[int] = []
     tokens: list[int] = []
     placeholders: list[tuple[int, str]] = []  # (flat index, request id)
     in_flight_rows: list[int] = []  # batch rows of those requests
     for i, s in enumerate(scheduled):
+        counts.append(s.num_scheduled_tokens)
+        computed.append(s.num_computed_tokens)
+        samples.append(s.needs_sample)
+        draft_counts.append(len(s.spec_token_ids))
         known = s.token_ids
         if len(known) < s.num_scheduled_tokens:
             # Async scheduling: the first input is the token the step in flight
             # samples (with a draft model, the drafts after it are in flight too).
-            placeholders.append((len(tokens), s.request_id))
+            placeholders.append((len(tokens), s.request.request_id))
             in_flight_rows.append(i)
             tokens.append(0)
-        tokens.extend(known)
+        tokens += known
+    num_new = np.array(counts, np.int64)
+    starts = np.array(computed, np.int64)
+    needs_sample = np.array(samples, bool)
+    num_drafts = np.array(draft_counts, np.int64)
+    query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+    np.cumsum(num_new, out=query_start_loc[1:])
+    seq_lens = (starts + num_new).astype(np.int32)
+    block_table, num_blocks = block_tables.gather(block_tables.update(scheduled))
     # Which request each token belongs to, and its position within the sequence.
     req_idx = np.repeat(np.arange(num_reqs), num_new)
     positions = np.arange(len(tokens)) - np.repeat(query_start_loc[:-1], num_new)
     positions += np.repeat(starts, num_new)
     # Address translation, host side: position -> (block id, offset) -> slot.
     slot_mapping = block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
-    needs_sample = np.fromiter((s.needs_sample for s in scheduled), bool, num_reqs)
     logits_indices = query_start_loc[1:][needs_sample].astype(np.int64) - 1
     spec_metadata = None
-    drafts = [s.spec_token_ids for s in scheduled if s.needs_sample]
-    if any(drafts):
+    if num_drafts[needs_sample].any():
+        drafts = [s.spec_token_ids for s in scheduled if s.needs_sample]
         # Each sampling request's last len(drafts) + 1 tokens are its sampled rows.
         spec_metadata = SpecDecodeMetadata.from_draft_token_ids(
             drafts, device, query_start_loc[1:][needs_sample]
         )
-    num_drafts = np.fromiter((len(s.spec_token_ids) for s in scheduled), np.int64, num_reqs)
     fill_dst, fill_src = prev.sources(placeholders, num_drafts[in_flight_rows])
     num_decodes = leading_decodes(num_new)
     max_query_len = int(num_new.max())

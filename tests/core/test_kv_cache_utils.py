@@ -136,6 +136,44 @@ def test_incremental_hashes_equal_hashing_all_at_once() -> None:
     assert len(whole.block_hashes) == len(tokens) // 3
 
 
+def _recording_hasher(calls: list[int], block_size: int | None):
+    """The real hasher of 4-token blocks, recording each call's token count; it states
+    ``block_size`` only when given one."""
+    inner = get_request_block_hasher(4)
+
+    def hasher(request: Request) -> list:
+        calls.append(request.num_tokens)
+        return inner(request)
+
+    if block_size is not None:
+        hasher.block_size = block_size  # type: ignore[attr-defined]
+    return hasher
+
+
+def test_request_calls_the_hasher_only_when_a_block_can_be_full() -> None:
+    calls: list[int] = []
+    hasher = _recording_hasher(calls, 4)
+    req = Request("r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=16), block_hasher=hasher)
+    for tok in range(6, 14):
+        req.append_output_token_ids(tok)
+    # At construction (5 tokens), then when the 8th and the 12th token complete a block.
+    assert calls == [5, 8, 12]
+    assert req.block_hashes == make_request(list(range(1, 14)), block_size=4).block_hashes
+    req.append_output_token_ids([14, 15, 16, 17, 18])  # several at once: one call, two blocks
+    assert calls[-1] == 18 and len(req.block_hashes) == 4
+
+
+def test_a_hasher_without_a_block_size_is_called_on_every_append() -> None:
+    calls: list[int] = []
+    req = Request(
+        "r", [1, 2, 3], SamplingParams(max_tokens=8), block_hasher=_recording_hasher(calls, None)
+    )
+    for tok in (4, 5, 6):
+        req.append_output_token_ids(tok)
+    assert calls == [3, 4, 5, 6]
+    assert req.block_hashes == make_request([1, 2, 3, 4, 5, 6], block_size=4).block_hashes
+
+
 def test_hasher_rejects_bad_block_size() -> None:
     with pytest.raises(ValueError, match="block_size"):
         get_request_block_hasher(0)

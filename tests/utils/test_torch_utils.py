@@ -13,8 +13,9 @@ from minivllm.utils.torch_utils import ALIGN_BYTES, copy_arrays_to_device, copy_
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
 def test_arrays_round_trip_aligned(dtype: type) -> None:
     # Odd sizes (and an empty one) would put later arrays at unaligned offsets if packed
-    # back to back; Triton would then compile a second variant of a kernel mid-run.
-    arrays = [np.arange(3), np.arange(5) * 7, np.zeros(0), np.arange(6).reshape(2, 3)]
+    # back to back; Triton would then compile a second variant of a kernel mid-run. Every
+    # shape comes back: 1-D, 2-D and 0-D.
+    arrays = [np.arange(3), np.arange(5) * 7, np.zeros(0), np.arange(6).reshape(2, 3), np.array(4)]
     out = copy_to_device(arrays, dtype, torch.device("cpu"))
     for host, dev in zip(arrays, out):
         assert dev.dtype == torch.from_numpy(np.zeros(1, dtype)).dtype

@@ -87,3 +87,9 @@ def test_a_request_admitted_again_gets_its_row_rewritten_even_unfreed() -> None:
     (row,) = tables.update([_scheduled("a", [1, 2], is_new=True)])
     assert tables.update([_scheduled("a", [5, 6, 7], is_new=True)]) == [row]
     assert tables.table[row].tolist() == [5, 6, 7]
+    # As many blocks as before, other ids: the unchanged count is no reason to skip it.
+    assert tables.update([_scheduled("a", [8, 9, 4], is_new=True)]) == [row]
+    assert tables.table[row].tolist() == [8, 9, 4]
+    # Running, no new block: the row stays as it is.
+    assert tables.update([_scheduled("a", [8, 9, 4])]) == [row]
+    assert tables.table[row].tolist() == [8, 9, 4]
