@@ -14,8 +14,8 @@ the whole workload at temperature 0.6 through ``LLM.generate``), in a fresh proc
 * each as output tokens/s and as a share of the decode roofline, with the kernels Triton
   compiled during it (new entries in the cache folder: 0 when the start-up compiled
   everything), the caching allocator's trips to the driver (``cudaMalloc``, ``cudaFree``,
-  retries after freeing its cache) and the step loop's busy time and garbage-collector
-  pauses;
+  retries after freeing its cache), the step loop's busy time and garbage-collector
+  pauses, and the process's minor page faults (memory touched for the first time);
 * where the first run lost time against the second, step by step
   (``benchmarks/step_compare.py``).
 
@@ -106,7 +106,11 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
     twice sampled and once greedy."""
     from minivllm import SamplingParams
     from minivllm.benchmarks.step_compare import StepLog, compare_steps
-    from minivllm.benchmarks.throughput_repeats import GcPauses
+    from minivllm.benchmarks.throughput_repeats import (
+        GcPauses,
+        minor_page_faults,
+        page_faults_since,
+    )
 
     workload = throughput_workload(args.num_requests, 0, tuple(args.input_len_range),
                                    tuple(args.output_len_range))
@@ -129,7 +133,7 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
     logs = {}
     one_rank = args.tensor_parallel_size == 1  # the instruments wrap the in-process core
     for name, temperature in runs:
-        before, allocator = triton_cache_entries(), allocator_counts()
+        before, allocator, faults = triton_cache_entries(), allocator_counts(), minor_page_faults()
         with contextlib.ExitStack() as stack:
             if one_rank:
                 pauses = stack.enter_context(GcPauses())
@@ -141,7 +145,8 @@ def measure_one_process(args: argparse.Namespace) -> dict[str, Any]:
                         "output_tokens_per_s": rate,
                         "kernels_compiled": None if before is None else len(after - before),
                         "compiled": [] if before is None else compiled_kernels(after - before),
-                        "allocator": allocator_delta(allocator, allocator_counts())}
+                        "allocator": allocator_delta(allocator, allocator_counts()),
+                        "minor_page_faults": page_faults_since(faults)}
         if one_rank:
             result[name].update(host_busy_s=logs[name].busy_s, gc_s=pauses.seconds)
         if roof is not None:

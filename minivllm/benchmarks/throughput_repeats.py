@@ -17,6 +17,10 @@ the GPU's clocks or the host. Each run records, besides its seconds:
   the run, and how many collections of each generation there were. A collection of the
   oldest generation walks every tracked object of the process (a few hundred thousand
   once torch, triton and transformers are imported), and it runs inside the step loop.
+- ``minor_page_faults``: pages the process touched for the first time during the run
+  (``getrusage``; null where the ``resource`` module is missing). Each is a trip into the
+  kernel on the step loop's thread; a process's first run pays thousands that later runs
+  do not (Benchmarks, twelfth round).
 
 Upstream's ``vllm bench throughput`` times one run; this is minivllm's own instrument.
 """
@@ -128,9 +132,24 @@ def _other_threads(before: dict[int, float] | None, after: dict[int, float] | No
     return sum(cpu - before.get(tid, 0.0) for tid, cpu in after.items() if tid != main)
 
 
+def minor_page_faults() -> int | None:
+    """The process's minor page faults so far (None where ``resource`` is missing)."""
+    try:
+        import resource
+    except ImportError:  # not Unix
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def page_faults_since(before: int | None) -> int | None:
+    """Minor page faults since ``before`` (a :func:`minor_page_faults` reading)."""
+    now = minor_page_faults()
+    return None if before is None or now is None else now - before
+
+
 def one_run(llm: Any, workload: Workload, max_tokens_per_s: float | None) -> dict[str, Any]:
     """One timed ``temperature=0.6`` run with its host figures."""
-    before = thread_cpu_seconds()
+    before, faults = thread_cpu_seconds(), minor_page_faults()
     with HostBusy(llm) as busy, GcPauses() as pauses:
         seconds = generate_workload(llm, workload, SAMPLED_TEMPERATURE)
     run = {
@@ -141,6 +160,7 @@ def one_run(llm: Any, workload: Workload, max_tokens_per_s: float | None) -> dic
         "other_threads_cpu_s": _other_threads(before, thread_cpu_seconds()),
         "gc_s": pauses.seconds,
         "gc_collections": pauses.collections,
+        "minor_page_faults": page_faults_since(faults),
     }
     if max_tokens_per_s:
         run["fraction_of_roofline"] = run["output_tokens_per_s"] / max_tokens_per_s
@@ -173,6 +193,7 @@ def print_repeats(repeats: dict[str, Any]) -> None:
         print(f"repeat {i}: {run['seconds']:.3f} s, {run['output_tokens_per_s']:.0f} tok/s, "
               f"host busy {run['host_busy_s']:.2f} s, other threads "
               f"{'n/a' if threads is None else f'{threads:.2f} CPU-s'}, gc "
-              f"{1e3 * run['gc_s']:.1f} ms {run['gc_collections']}", flush=True)
+              f"{1e3 * run['gc_s']:.1f} ms {run['gc_collections']}, minor page faults "
+              f"{run['minor_page_faults']}", flush=True)
     print(f"repeats: {repeats['min_s']:.3f} / {repeats['median_s']:.3f} / "
           f"{repeats['max_s']:.3f} s (min / median / max)", flush=True)

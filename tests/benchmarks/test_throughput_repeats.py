@@ -14,6 +14,8 @@ from minivllm.benchmarks.throughput_repeats import (
     GcPauses,
     HostBusy,
     _other_threads,
+    minor_page_faults,
+    page_faults_since,
     run_repeats,
     thread_cpu_seconds,
 )
@@ -39,10 +41,23 @@ def test_repeats_time_every_run_and_put_the_engine_back(llm) -> None:
         if os.path.isdir("/proc/self/task"):
             assert run["other_threads_cpu_s"] >= 0.0
         assert 0.0 <= run["gc_s"] <= run["seconds"] and len(run["gc_collections"]) == 3
+        assert run["minor_page_faults"] is None or run["minor_page_faults"] >= 0
     assert out["min_s"] <= out["median_s"] <= out["max_s"]
     assert out["best_fraction_of_roofline"] >= out["worst_fraction_of_roofline"]
     assert "step" not in vars(engine) and "execute_model_async" not in vars(runner)
     json.dumps(out)
+
+
+def test_page_faults_count_memory_touched_for_the_first_time() -> None:
+    if minor_page_faults() is None:
+        pytest.skip("no resource module here")
+    page, size = os.sysconf("SC_PAGE_SIZE"), 64 << 20
+    before = minor_page_faults()
+    block = bytearray(size)
+    block[::page] = b"\1" * (size // page)  # write one byte to every page: each is touched
+    assert page_faults_since(before) >= size // page // 2
+    del block
+    assert page_faults_since(None) is None
 
 
 def test_host_busy_subtracts_the_waits(llm) -> None:
