@@ -149,7 +149,7 @@ class Scheduler(SchedulerInterface):
             if in_flight:
                 # Async scheduling with a draft model: the input token and the drafts
                 # are still on the device (sched_async_spec).
-                num_drafts = num_drafts_in_flight(request, k_in_flight, self.max_model_len)
+                num_drafts = num_drafts_in_flight(request, k_in_flight, max_model_len)
                 num_new = 0 if num_drafts is None else min(1 + num_drafts, budget)
             else:
                 computed = request.num_computed_tokens

@@ -52,29 +52,29 @@ class BlockTable:
         rows = []
         num_blocks = self.num_blocks
         for s in scheduled:
-            row = self.rows.get(s.request.request_id)
-            ids = s.block_ids
-            if row is not None and len(ids) == num_blocks[row] and not s.is_new:
+            rid, ids = s.request.request_id, s.block_ids
+            row, n = self.rows.get(rid), len(ids)
+            if row is not None and n == num_blocks[row] and not s.is_new:
                 # Most steps: a running request that gained no block (a block holds
                 # block_size tokens, a decode step adds one).
                 rows.append(row)
                 continue
             fresh = row is None
             if fresh:
-                row = self.rows[s.request.request_id] = self._new_row()
-            old = self.num_blocks[row]
+                row = self.rows[rid] = self._new_row()
+            old = num_blocks[row]
             # A row is rewritten for a new occupant, and for a request admitted from the
             # waiting queue (after a preemption its old blocks were freed); a running
             # request only ever appends (a shorter list never happens; rewrite it too).
-            rewrite = fresh or s.is_new or len(ids) < old
+            rewrite = fresh or s.is_new or n < old
             start = 0 if rewrite else old
-            if len(ids) > self.table.shape[1]:
-                self._grow(cols=len(ids))
-            if rewrite and old > len(ids):
-                self.table[row, len(ids) : old] = 0  # as zero-padded as a fresh row
-            if len(ids) > start:
-                self.table[row, start : len(ids)] = ids[start:]
-            self.num_blocks[row] = len(ids)
+            if n > self.table.shape[1]:
+                self._grow(cols=n)
+            if rewrite and old > n:
+                self.table[row, n:old] = 0  # as zero-padded as a fresh row
+            if n > start:
+                self.table[row, start:n] = ids[start:]
+            num_blocks[row] = n
             rows.append(row)
         return rows
 
