@@ -17,7 +17,10 @@ timed runs used:
    device time per kernel class and the 25 costliest kernels (``step_timeline_kernels``).
 
 The first pass says *which steps* leave the GPU waiting on the host; the second *which
-kernels* fill the GPU's time. On the CPU (tests, ``--allow-cpu``) there are no CUDA events:
+kernels* fill the GPU's time. Given the workload's roofline, the first pass's decode steps
+are also fitted to a cost model (``step_cost_model.py``: a fixed cost per step, a cost per
+sequence, and the KV read against the copy bandwidth), which says how much of the gap to
+the roofline each part holds. On the CPU (tests, ``--allow-cpu``) there are no CUDA events:
 the first pass records host times only, with every GPU field null, and the second is
 skipped; the JSON says so in ``gpu_timing`` and ``kernels.skipped``.
 
@@ -38,6 +41,8 @@ from typing import Any
 
 import torch
 
+from minivllm.benchmarks.roofline import Roofline
+from minivllm.benchmarks.step_cost_model import fit_decode_cost
 from minivllm.benchmarks.step_timeline_kernels import profile_kernels
 from minivllm.benchmarks.throughput import SAMPLED_TEMPERATURE, generate_workload
 from minivllm.benchmarks.workloads import Workload
@@ -59,6 +64,9 @@ class StepTiming:
     num_reqs: int
     num_tokens: int
     mixed: bool  # some request ran more than one new token (a prompt or a chunk of one)
+    # Every sequence's length after the step (its context, new tokens included): the KV
+    # the step's attention reads, for the decode cost fit (step_cost_model.py).
+    context_tokens: int = 0
     execute_s: float | None = None  # host seconds inside execute_model_async
     host_s: float | None = None  # host seconds from this schedule() to the next
     # GPU seconds between the events around the step. The start event fires once the GPU
@@ -75,6 +83,11 @@ def is_mixed(scheduler_output: Any) -> bool:
     return any(
         s.num_scheduled_tokens - len(s.spec_token_ids) > 1 for s in scheduler_output.scheduled
     )
+
+
+def context_tokens(scheduler_output: Any) -> int:
+    """The step's sequences' lengths summed, each with the tokens it runs now."""
+    return sum(s.num_computed_tokens + s.num_scheduled_tokens for s in scheduler_output.scheduled)
 
 
 def _patch(obj: Any, name: str, wrapper: Callable) -> Callable[[], None]:
@@ -123,6 +136,7 @@ class StepTimeline:
                     len(out.scheduled),
                     out.total_num_scheduled_tokens,
                     is_mixed(out),
+                    context_tokens(out),
                 )
             )
             return out
@@ -234,6 +248,7 @@ def per_step_columns(steps: Sequence[StepTiming]) -> dict[str, list]:
         "num_reqs": [s.num_reqs for s in steps],
         "num_tokens": [s.num_tokens for s in steps],
         "mixed": [s.mixed for s in steps],
+        "context_tokens": [s.context_tokens for s in steps],
         **{
             f: [None if getattr(s, f) is None else round(getattr(s, f), 7) for s in steps]
             for f in ("gpu_s", "gap_s", "host_s", "execute_s")
@@ -241,8 +256,12 @@ def per_step_columns(steps: Sequence[StepTiming]) -> dict[str, list]:
     }
 
 
-def time_steps(llm: Any, workload: Workload, temperature: float) -> dict[str, Any]:
-    """Pass 1: run ``workload`` once with every step recorded; the engine is unchanged after."""
+def time_steps(
+    llm: Any, workload: Workload, temperature: float, roofline: Roofline | None = None
+) -> dict[str, Any]:
+    """Pass 1: run ``workload`` once with every step recorded; the engine is unchanged after.
+    With the workload's ``roofline``, the decode steps' GPU times are also fitted
+    (``decode_cost``, see ``step_cost_model.py``)."""
     core = llm.llm_engine.engine_core.engine_core
     timeline = StepTimeline(core)
     with timeline:
@@ -252,23 +271,35 @@ def time_steps(llm: Any, workload: Workload, temperature: float) -> dict[str, An
     totals = {"wall_s": seconds, "steps": len(steps), "mixed_steps": sum(s.mixed for s in steps)}
     for field in ("gpu_s", "gap_s", "host_s", "execute_s"):
         totals[field] = _sum_mean(getattr(s, field) for s in steps)[0]
-    return {
+    out = {
         "gpu_timing": "cuda events" if timeline.use_events else CPU_TIMING,
         "batch_edges": list(BATCH_EDGES),
         "totals": totals,
         **aggregate(steps),
-        "per_step": per_step_columns(steps),
     }
+    if roofline is not None:
+        out["decode_cost"] = fit_decode_cost(
+            steps, roofline.kv_bytes_per_token, roofline.weight_bytes, roofline.copy_bandwidth
+        )
+    out["per_step"] = per_step_columns(steps)
+    return out
 
 
 # ---- the command's entry point ----------------------------------------------------------
 
 
 def run_step_timeline(
-    llm: Any, workload: Workload, temperature: float = SAMPLED_TEMPERATURE
+    llm: Any,
+    workload: Workload,
+    temperature: float = SAMPLED_TEMPERATURE,
+    roofline: Roofline | None = None,
 ) -> dict[str, Any]:
-    """Both passes on ``llm`` (single rank, in-process), as ``result["step_timeline"]``."""
-    out: dict[str, Any] = {"temperature": temperature, **time_steps(llm, workload, temperature)}
+    """Both passes on ``llm`` (single rank, in-process), as ``result["step_timeline"]``;
+    ``roofline`` (the workload's) adds the decode cost fit."""
+    out: dict[str, Any] = {
+        "temperature": temperature,
+        **time_steps(llm, workload, temperature, roofline),
+    }
     runner = llm.llm_engine.engine_core.engine_core.model_executor.model_runner
     if runner.device.type == "cuda":
         out["kernels"] = profile_kernels(llm, workload, temperature)
@@ -299,6 +330,15 @@ def print_summary(timeline: dict[str, Any]) -> None:
             f"  {k['kind']:6s} {k['steps']:5d} steps: per step host {_ms(k['host_mean_s'])} ms"
             f" (queuing {_ms(k['execute_mean_s'])}), GPU {_ms(k['gpu_mean_s'])} ms,"
             f" idle after {_ms(k['gap_mean_s'])} ms",
+            flush=True,
+        )
+    cost = timeline.get("decode_cost")
+    if cost is not None and "skipped" not in cost:
+        print(
+            f"  decode step fit: {cost['fixed_ms_per_step']:.3f} ms fixed (weights at copy"
+            f" bandwidth {cost['weights_ms_per_step_at_copy_bandwidth']:.3f}),"
+            f" {cost['per_sequence_us']:.2f} us per sequence, KV at"
+            f" {cost['kv_time_factor']:.2f}x its copy time",
             flush=True,
         )
     kernels = timeline["kernels"]

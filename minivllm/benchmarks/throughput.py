@@ -222,7 +222,7 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.step_timeline:
         from minivllm.benchmarks.step_timeline import run_step_timeline
 
-        result["step_timeline"] = run_step_timeline(llm, workload, SAMPLED_TEMPERATURE)
+        result["step_timeline"] = run_step_timeline(llm, workload, SAMPLED_TEMPERATURE, roof)
     if args.profile_dir:
         result["profile"] = profile_full_batch(llm, workload, Path(args.profile_dir),
                                                args.profile_temperature)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import minivllm
+from minivllm.benchmarks.roofline import decode_roofline
 from minivllm.benchmarks.step_timeline import (
     CPU_KERNELS,
     CPU_TIMING,
@@ -239,7 +240,7 @@ def test_step_timeline_on_the_cpu_records_every_step_once(llm) -> None:
     sched, runner = core.scheduler, core.model_executor.model_runner
     wl = Workload(prompts=[[5, 6, 7, 8, 9], [10] * 9, [11, 12, 13]], output_lens=[3, 6, 2])
     before = sched.num_steps
-    out = run_step_timeline(llm, wl)
+    out = run_step_timeline(llm, wl, roofline=decode_roofline(wl, 10**6, 64, 1e12))
     assert out["totals"]["steps"] == sched.num_steps - before > 0
     # The wrappers are gone: the class's own methods show through again.
     assert "schedule" not in vars(sched) and "execute_model_async" not in vars(runner)
@@ -251,6 +252,12 @@ def test_step_timeline_on_the_cpu_records_every_step_once(llm) -> None:
     # Each request's prompt runs once, then one token per output token but the last.
     assert sum(per_step["num_tokens"]) == wl.num_prompt_tokens + wl.num_output_tokens - 3
     assert per_step["mixed"][0] and not per_step["mixed"][-1]
+    # Every step reads each sequence's whole context: its prompt, then one more token
+    # per decode step (a request's last token is sampled, never run).
+    contexts = sum(len(p) * o + o * (o - 1) // 2 for p, o in zip(wl.prompts, wl.output_lens))
+    assert sum(per_step["context_tokens"]) == contexts
+    # The decode cost fit needs GPU times: on the CPU it says why it is missing.
+    assert "0 decode steps with GPU times" in out["decode_cost"]["skipped"]
     kinds = {k["kind"]: k["steps"] for k in out["kinds"]}
     assert kinds["decode"] + kinds["mixed"] == out["totals"]["steps"]
     assert sum(b["steps"] for b in out["buckets"]) == out["totals"]["steps"]
@@ -322,3 +329,4 @@ def test_bench_throughput_writes_the_step_timeline(tmp_path_factory, tmp_path) -
     timeline = json.loads(out.read_text())["step_timeline"]
     assert timeline["temperature"] == 0.6 and timeline["kernels"] == {"skipped": CPU_KERNELS}
     assert timeline["totals"]["steps"] == len(timeline["per_step"]["num_reqs"]) > 0
+    assert "skipped" in timeline["decode_cost"]  # given the roofline; no GPU times here
