@@ -73,13 +73,19 @@ def run_cold_bench(args: argparse.Namespace) -> dict[str, Any]:
           flush=True)
     steps = cold.get("first_vs_second_steps")
     if steps is not None:
-        print(f"the first run's steps took {1e3 * steps['excess_s']:.0f} ms more than the "
-              f"second's: {1e3 * steps['prefill_excess_s']:.0f} ms in prefill steps, "
-              f"{1e3 * steps['decode_excess_s']:.0f} ms in decode steps; "
-              f"{1e3 * steps['launch_excess_s']:.0f} ms more launching, "
-              f"{1e3 * steps['wait_excess_s']:.0f} ms more waiting", flush=True)
+        print(f"the first run's steps took {more_or_less(steps['excess_s'])} than the "
+              f"second's: {more_or_less(steps['prefill_excess_s'])} in prefill steps, "
+              f"{more_or_less(steps['decode_excess_s'])} in decode steps; "
+              f"{more_or_less(steps['launch_excess_s'])} launching, "
+              f"{more_or_less(steps['wait_excess_s'])} waiting", flush=True)
     write_json(Path(args.output), result)
     return result
+
+
+def more_or_less(seconds: float) -> str:
+    """A difference in seconds as milliseconds "more" or "less" (never "-4 ms more")."""
+    ms = round(1e3 * seconds)
+    return f"{abs(ms)} ms {'less' if ms < 0 else 'more'}"
 
 
 def _run_child(args: argparse.Namespace, cache: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from minivllm.benchmarks.throughput_cold import allocator_delta, compiled_kernels
+from minivllm.benchmarks.throughput_cold import allocator_delta, compiled_kernels, more_or_less
 from minivllm.cli import main
 from tests.benchmarks.test_bench_smoke import COMMON, qwen3_dir  # noqa: F401 - fixture
 
@@ -52,6 +52,12 @@ def test_cold_runs_two_fresh_processes_on_one_new_cache(qwen3_dir, tmp_path) -> 
             steps["prefill_excess_s"] + steps["decode_excess_s"])
         assert any(s["tokens"] > s["requests"] for s in steps["worst_steps"]) or (
             steps["prefill_excess_s"] == 0.0)
+
+
+def test_a_difference_reads_as_more_or_less() -> None:
+    assert more_or_less(0.0324) == "32 ms more"
+    assert more_or_less(-0.0036) == "4 ms less"
+    assert more_or_less(-0.0004) == "0 ms more"  # rounds to nothing: no "-0"
 
 
 def test_allocator_delta_subtracts_per_counter() -> None:
