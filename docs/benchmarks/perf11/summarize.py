@@ -118,5 +118,30 @@ out["gap"] = {
     "gpu_idle_between_steps_s": tl["totals"]["gap_s"],
     "decode_gpu_s": totals["gpu"],
 }
+# The steps of 133 to 144 sequences against those of 126 to 131: the same captured graph
+# (144 sequences) replays them all, yet they sit on either side of the fit.
+per_step, roof = tl["per_step"], st["roofline"]
+def mean_residual_ms(low, high, per_step=per_step, fit=fit):
+    res = []
+    for n, m, c, g in zip(per_step["num_reqs"], per_step["mixed"], per_step["context_tokens"],
+                          per_step["gpu_s"]):  # fmt: skip
+        if m or not low <= n <= high:
+            continue
+        kv = c * roof["kv_bytes_per_token"] / roof["copy_bandwidth"]
+        pred = fit["fixed_ms_per_step"] / 1e3 + fit["per_sequence_us"] / 1e6 * n
+        res.append(g - pred - fit["kv_time_factor"] * kv)
+    return 1e3 * sum(res) / len(res)
+first_run = load("step_timeline.json")["step_timeline"]
+lm = {r["m"]: r["lm_head_us"] for r in load("lm_head_rows.json")["rows"]}
+out["batch_132"] = {
+    "residual_133_144_ms": mean_residual_ms(133, 144),
+    "residual_126_131_ms": mean_residual_ms(126, 131),
+    "first_lease_residual_133_144_ms": mean_residual_ms(
+        133, 144, first_run["per_step"], load("decode_cost.json")["fit"]),
+    "first_lease_residual_126_131_ms": mean_residual_ms(
+        126, 131, first_run["per_step"], load("decode_cost.json")["fit"]),
+    "lm_head_131_us": lm[131],
+    "lm_head_133_us": lm[133],
+}
 (here / "summary.json").write_text(json.dumps(out, indent=1) + "\n")
 print(json.dumps(out, indent=1))
