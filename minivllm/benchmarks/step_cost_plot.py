@@ -79,6 +79,8 @@ def plot_decode_cost(result: dict[str, Any], out: Path) -> None:
     right.set_xticks([0, 1], ["decode steps, fitted", "roofline's charge"])
     right.set_ylabel("seconds over the run")
     right.set_title("where the decode time goes")
+    # Where it was measured travels with the picture, as in engine_plot.
+    fig.suptitle(f"{result.get('gpu')}, torch {result.get('torch')}, triton {result.get('triton')}")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
