@@ -63,7 +63,7 @@ class StepTiming:
     scheduled_at: float  # host perf_counter() when schedule() returned
     num_reqs: int
     num_tokens: int
-    mixed: bool  # some request ran more than one new token (a prompt or a chunk of one)
+    mixed: bool = False  # some request ran more than one new token (a prompt or a chunk)
     # Every sequence's length after the step (its context, new tokens included): the KV
     # the step's attention reads, for the decode cost fit (step_cost_model.py).
     context_tokens: int = 0
@@ -76,18 +76,19 @@ class StepTiming:
     gpu_s: float | None = None
     gap_s: float | None = None  # GPU idle seconds before the next step's start event
     events: tuple[Any, Any] | None = None  # the two CUDA events, until resolved
+    # The step's ScheduledRequests, until resolved: ``mixed`` and ``context_tokens`` are
+    # read from them after the run, so that no pass over the requests is timed with it.
+    scheduled: Sequence[Any] | None = None
 
 
-def is_mixed(scheduler_output: Any) -> bool:
+def is_mixed(scheduled: Sequence[Any]) -> bool:
     """True when some request runs more than one token that is not a draft (a prefill)."""
-    return any(
-        s.num_scheduled_tokens - len(s.spec_token_ids) > 1 for s in scheduler_output.scheduled
-    )
+    return any(s.num_scheduled_tokens - len(s.spec_token_ids) > 1 for s in scheduled)
 
 
-def context_tokens(scheduler_output: Any) -> int:
+def context_tokens(scheduled: Sequence[Any]) -> int:
     """The step's sequences' lengths summed, each with the tokens it runs now."""
-    return sum(s.num_computed_tokens + s.num_scheduled_tokens for s in scheduler_output.scheduled)
+    return sum(s.num_computed_tokens + s.num_scheduled_tokens for s in scheduled)
 
 
 def _patch(obj: Any, name: str, wrapper: Callable) -> Callable[[], None]:
@@ -135,8 +136,7 @@ class StepTimeline:
                     time.perf_counter(),
                     len(out.scheduled),
                     out.total_num_scheduled_tokens,
-                    is_mixed(out),
-                    context_tokens(out),
+                    scheduled=out.scheduled,  # mixed and context_tokens: at resolve
                 )
             )
             return out
@@ -189,6 +189,11 @@ class StepTimeline:
                     # Nothing but host work separates the two: the GPU waited this long.
                     step.gap_s = end.elapsed_time(nxt.events[0]) / 1e3
             step.events = None
+            if step.scheduled is not None:
+                # Counts taken when scheduled; drafts filled in later keep their number.
+                step.mixed = is_mixed(step.scheduled)
+                step.context_tokens = context_tokens(step.scheduled)
+                step.scheduled = None
         return steps
 
 
