@@ -23,7 +23,9 @@ Set beside the roofline, the fit says which part of the gap no batch size closes
 fixed part over the weight read, paid once per step) and which part a faster attention
 kernel would (the KV factor over 1). Steps whose GPU time includes waiting for the host
 are left out of the fit as outliers (``_robust_fit``); their time above the line is
-reported as ``unexplained``. Upstream has no such tool; the step timeline's own
+reported as ``unexplained``. :func:`fit_decode_cost_by_class` fits the same model to each
+kernel class's seconds per step (``step_kernels.py``), which splits the fixed cost by
+class. Upstream has no such tool; the step timeline's own
 docstring (``step_timeline.py``) says what it measures.
 """
 
@@ -40,6 +42,7 @@ MIN_DECODE_STEPS = 8
 # out of the next fit (see _robust_fit); a few refits settle the kept set.
 OUTLIER_MADS = 3.0
 MAX_REFITS = 10
+RANK_DEFICIENT = "batch size and context do not vary independently over the decode steps"
 MODEL = (
     "gpu_s = fixed + per_sequence * num_seqs "
     "+ kv_time_factor * context_tokens * kv_bytes_per_token / copy_bandwidth"
@@ -60,13 +63,10 @@ def fit_decode_cost(
     if len(decode) < MIN_DECODE_STEPS:
         return {"skipped": f"{len(decode)} decode steps with GPU times (at least "
                            f"{MIN_DECODE_STEPS} are needed)"}  # fmt: skip
-    num_seqs = np.array([s.num_reqs for s in decode], dtype=np.float64)
-    kv_s = np.array([s.context_tokens for s in decode], dtype=np.float64)
-    kv_s *= kv_bytes_per_token / copy_bandwidth
-    x = np.stack([np.ones_like(num_seqs), num_seqs, kv_s], axis=1)
+    x = _design(decode, kv_bytes_per_token, copy_bandwidth)
     if np.linalg.matrix_rank(x) < x.shape[1]:
-        return {"skipped": "batch size and context do not vary independently over the "
-                           "decode steps"}  # fmt: skip
+        return {"skipped": RANK_DEFICIENT}
+    num_seqs, kv_s = x[:, 1], x[:, 2]
     y = np.array([s.gpu_s for s in decode], dtype=np.float64)
     coef, keep = _robust_fit(x, y)
     fixed, per_seq, kv_factor = (float(c) for c in coef)
@@ -99,6 +99,60 @@ def fit_decode_cost(
             "fixed_over_weights": (fixed - weights_s) * n,
         },
     }
+
+
+def fit_decode_cost_by_class(
+    steps: Sequence[Any],
+    class_seconds: dict[str, Sequence[float]],
+    kv_bytes_per_token: int,
+    copy_bandwidth: float,
+) -> dict[str, Any]:
+    """The same model fitted to each class's kernel seconds per decode step
+    (``class_seconds[c][i]``: class ``c`` in ``steps[i]``, see ``step_kernels.py``).
+
+    The outlying steps are chosen once, by the robust fit of the classes' sum; every
+    class is then fitted on the steps kept. Least squares is linear in what it fits, so
+    the classes' coefficients add up to those of the sum: the fixed cost per step splits
+    exactly into its classes. ``{"skipped": why}`` as for :func:`fit_decode_cost`."""
+    idx = [i for i, s in enumerate(steps) if not s.mixed]
+    if len(idx) < MIN_DECODE_STEPS:
+        return {"skipped": f"{len(idx)} decode steps (at least {MIN_DECODE_STEPS} are "
+                           "needed)"}  # fmt: skip
+    x = _design([steps[i] for i in idx], kv_bytes_per_token, copy_bandwidth)
+    if np.linalg.matrix_rank(x) < x.shape[1]:
+        return {"skipped": RANK_DEFICIENT}
+    ys = {c: np.array([v[i] for i in idx], dtype=np.float64) for c, v in class_seconds.items()}
+    total = np.sum(list(ys.values()), axis=0)
+    coef, keep = _robust_fit(x, total)
+
+    def coefficients(c: np.ndarray, y: np.ndarray) -> dict[str, float]:
+        return {
+            "fixed_ms_per_step": float(c[0]) * 1e3,
+            "per_sequence_us": float(c[1]) * 1e6,
+            "kv_time_factor": float(c[2]),
+            "seconds": float(y.sum()),
+        }
+
+    classes = {}
+    for cls, y in sorted(ys.items(), key=lambda kv: -kv[1].sum()):
+        c, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
+        classes[cls] = coefficients(c, y)
+    return {
+        "model": MODEL,
+        "decode_steps": len(idx),
+        "outlier_steps": int(len(idx) - keep.sum()),
+        "total": coefficients(coef, total),
+        "classes": classes,
+    }
+
+
+def _design(decode: Sequence[Any], kv_bytes_per_token: int, copy_bandwidth: float) -> np.ndarray:
+    """The fit's columns for ``decode`` steps: 1, the batch size, and the KV read's
+    seconds at the copy bandwidth."""
+    num_seqs = np.array([s.num_reqs for s in decode], dtype=np.float64)
+    kv_s = np.array([s.context_tokens for s in decode], dtype=np.float64)
+    kv_s *= kv_bytes_per_token / copy_bandwidth
+    return np.stack([np.ones_like(num_seqs), num_seqs, kv_s], axis=1)
 
 
 def _robust_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -43,6 +43,7 @@ import torch
 
 from minivllm.benchmarks.roofline import Roofline
 from minivllm.benchmarks.step_cost_model import fit_decode_cost
+from minivllm.benchmarks.step_kernels import kernels_by_step, launch_step_marker
 from minivllm.benchmarks.step_timeline_kernels import profile_kernels
 from minivllm.benchmarks.throughput import SAMPLED_TEMPERATURE, generate_workload
 from minivllm.benchmarks.workloads import Workload
@@ -110,12 +111,15 @@ class StepTimeline:
     """Record every step of the engine core ``core`` while the ``with`` block runs.
 
     Only the in-process engine core of a single-rank engine can be reached this way
-    (``core.model_executor.model_runner``).
+    (``core.model_executor.model_runner``). ``before_execute``, if given, is called right
+    before each step is queued (the profiled pass queues its step marker there, see
+    ``step_kernels.py``).
     """
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Any, before_execute: Callable[[], None] | None = None) -> None:
         self.scheduler = core.scheduler
         self.runner = core.model_executor.model_runner
+        self.before_execute = before_execute
         # CUDA events exist only where the model runs on a GPU.
         self.use_events = self.runner.device.type == "cuda"
         self.steps: list[StepTiming] = []
@@ -144,6 +148,8 @@ class StepTimeline:
         def timed_execute(scheduler_output: Any) -> Any:
             if not scheduler_output.scheduled:
                 return execute(scheduler_output)
+            if self.before_execute is not None:
+                self.before_execute()
             start = self._event()
             t0 = time.perf_counter()
             handle = execute(scheduler_output)
@@ -305,9 +311,17 @@ def run_step_timeline(
         "temperature": temperature,
         **time_steps(llm, workload, temperature, roofline),
     }
-    runner = llm.llm_engine.engine_core.engine_core.model_executor.model_runner
-    if runner.device.type == "cuda":
-        out["kernels"] = profile_kernels(llm, workload, temperature)
+    core = llm.llm_engine.engine_core.engine_core
+    if core.model_executor.model_runner.device.type == "cuda":
+        # The profiled run is recorded step by step too, a marker queued before each
+        # step, so that its kernels can be told apart by step (step_kernels.py).
+        marked = StepTimeline(core, before_execute=launch_step_marker)
+        out["kernels"] = profile_kernels(llm, workload, temperature, marked)
+        out["kernels"]["by_step"] = kernels_by_step(
+            marked.steps,
+            out["kernels"].pop("events"),
+            *(() if roofline is None else (roofline.kv_bytes_per_token, roofline.copy_bandwidth)),
+        )
     else:
         out["kernels"] = {"skipped": CPU_KERNELS}
     print_summary(out)

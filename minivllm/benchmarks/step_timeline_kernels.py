@@ -16,6 +16,8 @@ viewer; here the whole run's trace is summed up in the benchmark's JSON instead.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,11 @@ import torch
 from minivllm.benchmarks.throughput import generate_workload
 from minivllm.benchmarks.workloads import Workload
 
+# The step marker queued before each step of a profiled run when its kernels are to be
+# told apart by step (step_kernels.py): ATen's torch.cuda._sleep launches ``spin_kernel``
+# (its mangled name carries namespaces and the argument type, so a fragment is matched).
+# It is not an engine kernel: the whole-run summary leaves it out.
+STEP_MARKER = "spin_kernel"
 # Idle gaps between kernels, in microseconds: launch-bound gaps are a few us, a host
 # stall between steps hundreds.
 IDLE_GAP_EDGES_US = (5, 20, 100, 1000)
@@ -144,11 +151,23 @@ def summarize_kernels(events: Sequence[KernelEvent]) -> dict[str, Any]:
     }
 
 
-def profile_kernels(llm: Any, workload: Workload, temperature: float) -> dict[str, Any]:
+def profile_kernels(
+    llm: Any, workload: Workload, temperature: float, timeline: Any = None
+) -> dict[str, Any]:
     """Pass 2: run ``workload`` once under ``torch.profiler`` (CUDA activity only: no host
-    events, so the host slows down less) and summarize its kernels."""
+    events, so the host slows down less) and summarize its kernels. With ``timeline`` (a
+    ``StepTimeline`` that marks each step), the run is recorded inside it, its steps are
+    resolved, and the raw ``events`` come back too, for ``step_kernels.kernels_by_step``."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    recording = timeline if timeline is not None else contextlib.nullcontext()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, recording:
         seconds = generate_workload(llm, workload, temperature)
-    return {"wall_s": seconds, **summarize_kernels(kernel_events(prof))}
+        run_end = time.perf_counter()
+    events = kernel_events(prof)
+    engine = [e for e in events if STEP_MARKER not in e.name]
+    out = {"wall_s": seconds, **summarize_kernels(engine)}
+    if timeline is not None:
+        timeline.resolve(run_end)
+        out["events"] = events
+    return out

@@ -7,7 +7,12 @@ import random
 
 import pytest
 
-from minivllm.benchmarks.step_cost_model import MIN_DECODE_STEPS, fit_decode_cost
+from minivllm.benchmarks.step_cost_model import (
+    MIN_DECODE_STEPS,
+    RANK_DEFICIENT,
+    fit_decode_cost,
+    fit_decode_cost_by_class,
+)
 from minivllm.benchmarks.step_timeline import StepTiming
 
 KV_BYTES, WEIGHT_BYTES, BANDWIDTH = 4096, 10**9, 4e12
@@ -94,3 +99,52 @@ def test_steps_that_cannot_support_a_fit_are_skipped_with_the_reason() -> None:
     # The same batch and context every step: three coefficients, one distinct point.
     flat = [StepTiming(0.0, 8, 8, False, 8000, gpu_s=1e-3) for _ in range(20)]
     assert "vary" in fit_decode_cost(flat, KV_BYTES, WEIGHT_BYTES, BANDWIDTH)["skipped"]
+
+
+def test_the_fit_by_class_recovers_each_class_and_adds_up_to_the_sum() -> None:
+    # Two classes with their own coefficients; the second is fixed-cost only.
+    steps = _decode_steps(120)
+    gemm = [1.0e-3 + 0.2e-6 * s.num_reqs for s in steps]
+    attention = [0.3e-3 + KV_FACTOR * s.context_tokens * KV_BYTES / BANDWIDTH for s in steps]
+    mixed = StepTiming(0.0, 30, 16384, True, 16384)  # a prompt step: not fitted
+    fit = fit_decode_cost_by_class(
+        [*steps, mixed],
+        {"gemm": [*gemm, 0.04], "attention": [*attention, 0.01]},
+        KV_BYTES,
+        BANDWIDTH,
+    )
+    assert fit["decode_steps"] == 120 and fit["outlier_steps"] == 0
+    g, a, total = fit["classes"]["gemm"], fit["classes"]["attention"], fit["total"]
+    assert g["fixed_ms_per_step"] == pytest.approx(1.0) and g["per_sequence_us"] == pytest.approx(
+        0.2
+    )
+    assert g["kv_time_factor"] == pytest.approx(0.0, abs=1e-9)
+    assert a["fixed_ms_per_step"] == pytest.approx(0.3) and a["kv_time_factor"] == pytest.approx(
+        KV_FACTOR
+    )
+    for key in ("fixed_ms_per_step", "per_sequence_us", "kv_time_factor", "seconds"):
+        assert g[key] + a[key] == pytest.approx(total[key], abs=1e-9)
+    assert g["seconds"] == pytest.approx(sum(gemm))  # the decode steps' seconds only
+
+
+def test_the_fit_by_class_leaves_out_the_steps_the_sum_finds_outlying() -> None:
+    steps = _decode_steps(100)
+    idle = [0.0] * 100
+    for i in (3, 40, 77):
+        idle[i] = 5e-3  # the GPU waited inside these steps: only the idle class shows it
+    gemm = [1.0e-3 + 0.5e-6 * s.num_reqs for s in steps]
+    fit = fit_decode_cost_by_class(steps, {"gemm": gemm, "idle": idle}, KV_BYTES, BANDWIDTH)
+    assert fit["outlier_steps"] == 3
+    assert fit["classes"]["idle"]["fixed_ms_per_step"] == pytest.approx(0.0, abs=1e-9)
+    assert fit["classes"]["idle"]["seconds"] == pytest.approx(15e-3)
+    assert fit["classes"]["gemm"]["per_sequence_us"] == pytest.approx(0.5)
+
+
+def test_the_fit_by_class_says_why_it_is_skipped() -> None:
+    few = _decode_steps(MIN_DECODE_STEPS - 1)
+    fit = fit_decode_cost_by_class(few, {"gemm": [1e-3] * len(few)}, KV_BYTES, BANDWIDTH)
+    assert fit == {"skipped": f"{MIN_DECODE_STEPS - 1} decode steps (at least "
+                              f"{MIN_DECODE_STEPS} are needed)"}  # fmt: skip
+    same = [StepTiming(0.0, 8, 8, False, 8000) for _ in range(20)]
+    fit = fit_decode_cost_by_class(same, {"gemm": [1e-3] * 20}, KV_BYTES, BANDWIDTH)
+    assert fit == {"skipped": RANK_DEFICIENT}
