@@ -1,7 +1,6 @@
 """Layers with two implementations: readable PyTorch, and one fused kernel for the GPU.
 
-Upstream counterpart: ``vllm/model_executor/custom_op.py`` (``CustomOp``), and
-``direct_register_custom_op`` in ``vllm/utils/torch_utils.py`` for :func:`register_op`.
+Upstream counterpart: ``vllm/model_executor/custom_op.py`` (``CustomOp``).
 
 Why: written as plain torch, RMSNorm is about ten kernels (upcast, square, mean, add,
 rsqrt, multiply, cast, multiply by the weight, plus the residual add), rotary embedding
@@ -15,8 +14,9 @@ two per layer.
 Two different things share the name "custom op", as upstream:
 
 * :class:`CustomOp` (this class) *chooses* the implementation of a layer;
-* :func:`register_op` makes a kernel a ``torch.ops.minivllm.*`` operator, so that
-  ``torch.compile`` treats it as one opaque node and profilers show it by name.
+* :func:`~minivllm.utils.torch_utils.direct_register_custom_op` makes a kernel a
+  ``torch.ops.minivllm.*`` operator, so that ``torch.compile`` treats it as one opaque
+  node and profilers show it by name.
 """
 
 from __future__ import annotations
@@ -115,49 +115,3 @@ class CustomOp(nn.Module):
     def _set_forced(impl: str | None) -> None:
         CustomOp._forced_impl = impl
         CustomOp._generation += 1
-
-
-# ---------------------------------------------------------------------------------------
-# Operator registration: torch.library.Library define/impl, not torch.library.custom_op.
-# ---------------------------------------------------------------------------------------
-
-# One library fragment for the layer kernels ("FRAGMENT": the namespace minivllm is shared
-# with the attention ops of minivllm/attention/backends/triton_attn.py). The ops live as long as
-# this object does, hence a module-level reference.
-_LIBRARY = torch.library.Library("minivllm", "FRAGMENT")
-
-
-def register_op(
-    name: str,
-    schema: str,
-    impl: Callable[..., None],
-    fake_impl: Callable[..., None],
-) -> None:
-    """Register ``torch.ops.minivllm.<name>`` with an explicit schema.
-
-    Compared with ``@torch.library.custom_op`` (used for attention), ``Library.define`` +
-    ``Library.impl`` put the Python function straight behind the dispatcher, without
-    custom_op's per-call wrappers (autograd checks, in-place bookkeeping): the layer
-    ops are small and a Qwen3 decoder layer calls four of them (two RMSNorms with the
-    residual add, the q/k norm with the rotary embedding, SiLU-and-mul), so eager host
-    overhead matters more than for attention. The kernels run under the CUDA key and, for
-    ``TRITON_INTERPRET=1`` tests, the CPU key.
-
-    Args:
-        name: Operator name in the ``minivllm`` namespace.
-        schema: Arguments and result, e.g. ``"(Tensor(a!) out, Tensor x) -> ()"``;
-            ``(a!)`` marks an argument the op writes, which is how ``torch.compile``
-            learns about the mutation.
-        impl: The implementation (launches the kernel).
-        fake_impl: Shape-only implementation used when tracing; the ops here write
-            into their arguments and return nothing, so it does nothing.
-    """
-    _LIBRARY.define(name + schema)
-    for dispatch_key in ("CUDA", "CPU"):
-        _LIBRARY.impl(name, impl, dispatch_key)
-    _LIBRARY._register_fake(name, fake_impl)
-
-
-def fake_noop(*args: Any) -> None:
-    """The fake implementation of an op that only mutates its arguments."""
-    return None

@@ -1,13 +1,18 @@
 """Torch helpers used by more than one package.
 
-Upstream counterpart: ``vllm/utils/torch_utils.py`` (its pinned-memory and
-``async_tensor_h2d`` helpers); the packing into one page-locked buffer, reused from a
-ring, follows Model Runner V2 (``vllm/v1/worker/gpu/buffer_utils.py``). The sampler's
-metadata (``sample/``) and the model runner (``worker/``) both use it, so it lives below
-both.
+Upstream counterpart: ``vllm/utils/torch_utils.py``: its pinned-memory and
+``async_tensor_h2d`` helpers, and ``direct_register_custom_op``, which the attention and
+layer kernels use to become ``torch.ops.minivllm.*`` operators. The packing into one
+page-locked buffer, reused from a ring, follows Model Runner V2
+(``vllm/v1/worker/gpu/buffer_utils.py``). The sampler's metadata (``sample/``), the model
+runner (``worker/``), the attention backend and the layer kernels all use this module, so
+it lives below them all.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -92,3 +97,55 @@ def cuda_context_is_broken(device: torch.device) -> bool:
     except RuntimeError:
         return True
     return False
+
+
+# ---------------------------------------------------------------------------------------
+# Operator registration: torch.library.Library define/impl, not torch.library.custom_op.
+# ---------------------------------------------------------------------------------------
+
+# One library fragment for every minivllm op (the attention ops of
+# attention/backends/triton_attn.py and the layer kernels of model_executor/layers/). The
+# ops live as long as this object does, hence a module-level reference.
+_LIBRARY = torch.library.Library("minivllm", "FRAGMENT")
+
+
+def direct_register_custom_op(
+    name: str,
+    schema: str | None,
+    impl: Callable[..., None],
+    fake_impl: Callable[..., None],
+    mutates_args: Sequence[str] = (),
+) -> None:
+    """Register ``torch.ops.minivllm.<name>``: ``impl`` straight behind the dispatcher.
+
+    ``@torch.library.custom_op`` wraps every eager call in Python layers (autograd
+    handling, aliasing checks of the result, in-place bookkeeping) before the
+    implementation runs: about ten times the host time of ``Library.define`` +
+    ``Library.impl``, which is what upstream's helper of the same name uses and this
+    does. CUDA graphs hide the difference in decode steps; a prompt step runs eagerly, two
+    attention calls and four layer ops per decoder layer, and on a busy host its launch
+    time is the step's time (the Benchmarks chapter's fourteenth round). The kernels run
+    under the CUDA key and, for ``TRITON_INTERPRET=1`` tests, the CPU key.
+
+    Args:
+        name: Operator name in the ``minivllm`` namespace.
+        schema: Arguments and result, e.g. ``"(Tensor(a!) out, Tensor x) -> ()"``;
+            ``(a!)`` marks an argument the op writes, which is how ``torch.compile``
+            learns about the mutation. None infers it from ``impl``'s type hints, with
+            ``mutates_args`` naming the arguments it writes (as ``custom_op`` does).
+        impl: The implementation (launches the kernel).
+        fake_impl: Shape-only implementation used when tracing; the ops here write
+            into their arguments and return nothing, so it does nothing.
+        mutates_args: With ``schema`` None: the arguments ``impl`` writes.
+    """
+    if schema is None:
+        schema = torch.library.infer_schema(impl, mutates_args=mutates_args)
+    _LIBRARY.define(name + schema)
+    for dispatch_key in ("CUDA", "CPU"):
+        _LIBRARY.impl(name, impl, dispatch_key)
+    _LIBRARY._register_fake(name, fake_impl)
+
+
+def fake_noop(*args: Any) -> None:
+    """The fake implementation of an op that only mutates its arguments."""
+    return None

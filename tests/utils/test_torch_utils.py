@@ -50,3 +50,34 @@ def test_cuda_context_is_broken_is_false_off_cuda_and_on_a_healthy_gpu() -> None
     if torch.cuda.is_available():
         torch.ones(4, device="cuda").sum().item()
         assert cuda_context_is_broken(torch.device("cuda:0")) is False
+
+
+def _scale_into(out: torch.Tensor, x: torch.Tensor, factor: float, bias: int | None = None) -> None:
+    out.copy_(x * factor + (bias or 0))
+
+
+def test_direct_register_custom_op_infers_the_schema_and_marks_what_it_writes() -> None:
+    from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
+
+    direct_register_custom_op("_test_scale_into", None, _scale_into, fake_noop, ("out",))
+    op = torch.ops.minivllm._test_scale_into
+    assert str(op.default._schema) == (
+        "minivllm::_test_scale_into(Tensor(a0!) out, Tensor x, float factor, "
+        "SymInt? bias=None) -> ()"
+    )
+    out = torch.zeros(3)
+    op(out, torch.arange(3.0), 2.0, 1)
+    assert out.tolist() == [1.0, 3.0, 5.0]
+    torch.library.opcheck(op, (torch.zeros(3), torch.ones(3), 0.5))
+
+
+def test_direct_register_custom_op_takes_an_explicit_schema() -> None:
+    from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
+
+    def double(out: torch.Tensor, x: torch.Tensor) -> None:
+        out.copy_(2 * x)
+
+    direct_register_custom_op("_test_double", "(Tensor(a!) out, Tensor x) -> ()", double, fake_noop)
+    out = torch.zeros(2)
+    torch.ops.minivllm._test_double(out, torch.ones(2))
+    assert out.tolist() == [2.0, 2.0]

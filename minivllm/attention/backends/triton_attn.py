@@ -19,6 +19,7 @@ import torch
 from minivllm.attention.triton_launch_config import launch_configs, select_config
 from minivllm.attention.triton_reshape_and_cache import launch_reshape_and_cache
 from minivllm.attention.triton_unified_attention import launch_unified_attention
+from minivllm.utils.torch_utils import direct_register_custom_op
 
 # ---------------------------------------------------------------------------------------
 # Argument checks (host-side metadata only: they never read device memory, so no sync).
@@ -134,7 +135,6 @@ def _check_step_kv(query: torch.Tensor, key_cache: torch.Tensor, **tensors: torc
 # ---------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("minivllm::reshape_and_cache", mutates_args=("key_cache", "value_cache"))
 def reshape_and_cache_op(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -146,13 +146,17 @@ def reshape_and_cache_op(
     launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
-@reshape_and_cache_op.register_fake
 def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping) -> None:
     # In-place on the caches: no new tensors, nothing to describe.
     return None
 
 
-@torch.library.custom_op("minivllm::paged_attention", mutates_args=("out",))
+direct_register_custom_op(
+    "reshape_and_cache", None, reshape_and_cache_op, _reshape_and_cache_fake,
+    mutates_args=("key_cache", "value_cache"),
+)
+
+
 def paged_attention_op(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -191,11 +195,15 @@ def paged_attention_op(
     )
 
 
-@paged_attention_op.register_fake
 def _paged_attention_fake(query, key_cache, value_cache, block_table, seq_lens,
                           query_start_loc, out, scale, max_query_len, max_seq_len,
                           num_kv_splits, key=None, value=None, seq_order=None) -> None:
     return None
+
+
+direct_register_custom_op(
+    "paged_attention", None, paged_attention_op, _paged_attention_fake, mutates_args=("out",)
+)
 
 
 # ---------------------------------------------------------------------------------------

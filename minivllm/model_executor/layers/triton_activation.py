@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.model_executor.custom_op import fake_noop, register_op
 from minivllm.model_executor.layers.utils import pdl_enabled
+from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
 @triton.jit
@@ -57,7 +57,9 @@ def _silu_and_mul_impl(out: torch.Tensor, x: torch.Tensor) -> None:
     )  # fmt: skip
 
 
-register_op("silu_and_mul", "(Tensor(a!) out, Tensor x) -> ()", _silu_and_mul_impl, fake_noop)
+direct_register_custom_op(
+    "silu_and_mul", "(Tensor(a!) out, Tensor x) -> ()", _silu_and_mul_impl, fake_noop
+)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

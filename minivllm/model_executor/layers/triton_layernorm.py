@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.model_executor.custom_op import fake_noop, register_op
 from minivllm.model_executor.layers.utils import pdl_enabled
+from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
 @triton.jit
@@ -112,13 +112,13 @@ def _fused_add_rms_norm_impl(out: torch.Tensor, x: torch.Tensor, residual: torch
     _launch(out, x, residual, weight, epsilon)
 
 
-register_op(
+direct_register_custom_op(
     "rms_norm",
     "(Tensor(a!) out, Tensor x, Tensor weight, float epsilon) -> ()",
     _rms_norm_impl,
     fake_noop,
 )
-register_op(
+direct_register_custom_op(
     "fused_add_rms_norm",
     "(Tensor(a!) out, Tensor x, Tensor(b!) residual, Tensor weight, float epsilon) -> ()",
     _fused_add_rms_norm_impl,

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.model_executor.custom_op import fake_noop, register_op
 from minivllm.model_executor.layers.triton_skinny_gemm import NormPrologue, launch_skinny_gemm
 from minivllm.model_executor.layers.utils import GemvConfig
+from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 #: The most rows the fused kernel takes: its tile holds ``rows x K`` activations.
 MAX_ROWS = 2
@@ -41,7 +41,7 @@ def _impl(out, residual_out, x, residual, norm_weight, eps, weight, bias) -> Non
     launch_skinny_gemm(out, x, weight, bias, NORM_GEMV_CONFIG, norm=norm)
 
 
-register_op(
+direct_register_custom_op(
     "rms_norm_gemv",
     "(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, Tensor? residual, Tensor norm_weight, "
     "float eps, Tensor weight, Tensor? bias) -> ()",

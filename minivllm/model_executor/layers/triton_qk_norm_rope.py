@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from minivllm.attention.backends.triton_attn import check_reshape_and_cache_args
-from minivllm.model_executor.custom_op import fake_noop, register_op
+from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
 @triton.jit
@@ -219,7 +219,7 @@ def _launch(
     )
 
 
-register_op(
+direct_register_custom_op(
     "qk_norm_rope",
     "(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor q_weight, Tensor k_weight, "
     "Tensor cos_sin_cache, int head_size, float epsilon) -> ()",
@@ -229,7 +229,7 @@ register_op(
 
 # A second op rather than optional arguments of the first: the schema then marks the
 # caches as written ((c!), (d!)) without making every argument optional.
-register_op(
+direct_register_custom_op(
     "qk_norm_rope_kv_cache",
     "(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor q_weight, Tensor k_weight, "
     "Tensor cos_sin_cache, int head_size, float epsilon, Tensor value, "

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.model_executor.custom_op import fake_noop, register_op
+from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
 @triton.jit
@@ -112,7 +112,7 @@ def _rotary_embedding_impl(positions: torch.Tensor, query: torch.Tensor, key: to
     )
 
 
-register_op(
+direct_register_custom_op(
     "rotary_embedding",
     "(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, "
     "Tensor cos_sin_cache) -> ()",

@@ -63,10 +63,10 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.model_executor.custom_op import fake_noop, register_op
 from minivllm.model_executor.layers.triton_gemv_prologue import rms_norm_tile, silu_and_mul_tile
 from minivllm.model_executor.layers.utils import INTERPRETED as _INTERPRETED
 from minivllm.model_executor.layers.utils import GemvConfig, default_config, pdl_enabled
+from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
 @triton.jit
@@ -316,7 +316,7 @@ def _skinny_gemm_impl(
     launch_skinny_gemm(out, x, weight, bias, config, gated)
 
 
-register_op(
+direct_register_custom_op(
     "skinny_gemm",
     "(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool gated) -> ()",
     _skinny_gemm_impl,
