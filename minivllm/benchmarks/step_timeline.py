@@ -15,6 +15,9 @@ timed runs used:
 2. **Kernels, under ``torch.profiler``.** A second run with CUDA activity only: the time
    some kernel was running, the idle time over the span and its gaps by length, the
    device time per kernel class and the 25 costliest kernels (``step_timeline_kernels``).
+   A marker queued before each step of this run splits its kernels by step
+   (``step_kernels.py``): each class's seconds in decode and in prompt steps, and the
+   decode cost fit below done per kernel class.
 
 The first pass says *which steps* leave the GPU waiting on the host; the second *which
 kernels* fill the GPU's time. Given the workload's roofline, the first pass's decode steps
