@@ -74,9 +74,11 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 # Up to about this many tokens an eager prefill's host launch cost (tens of milliseconds
-# through the custom-op dispatcher) exceeds its GPU time; longer ones hide their launches
-# in compute. (vLLM's default largest capture size is 512, but its prefill pieces are
-# compiled, so launching them eagerly costs far less.)
+# of Python and driver calls) exceeds its GPU time; longer ones hide their launches in
+# compute, but only just: a 16,384-token step launches in about as long as it runs, and
+# on a slowed host takes the host's time (docs/benchmarks/perf12, the Benchmarks chapter's
+# fourteenth round). (vLLM's default largest capture size is 512, but its prefill pieces
+# are compiled, so launching them eagerly costs far less.)
 MAX_PREFILL_CAPTURE_SIZE = 2048
 
 
