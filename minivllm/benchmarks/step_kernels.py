@@ -107,6 +107,8 @@ def kernels_by_step(
     (that run's ``StepTiming``s, in order); with the roofline's ``kv_bytes_per_token``
     and ``copy_bandwidth``, also fit the decode cost per class. ``{"skipped": why}``
     when the markers do not match the steps one to one."""
+    if not steps:
+        return {"skipped": "no steps were recorded"}
     ordered = sorted(events, key=lambda e: e.start_ns)
     markers = [e.start_ns for e in ordered if STEP_MARKER in e.name]
     if len(markers) != len(steps):

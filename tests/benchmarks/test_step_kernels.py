@@ -96,6 +96,7 @@ def test_kernels_by_step_refuses_a_profile_whose_markers_do_not_match() -> None:
     events = _profile([[("a", 10)], [("b", 10)]])
     out = kernels_by_step(_steps(2), events, KV_BYTES, BANDWIDTH)
     assert out == {"skipped": "2 step markers in the profile for 3 steps"}
+    assert kernels_by_step([], []) == {"skipped": "no steps were recorded"}
     # Without the roofline's terms there is no fit, but the split is made.
     assert "decode_cost_by_class" not in kernels_by_step(_steps(1), events)
 
