@@ -30,7 +30,12 @@ from typing import Any
 import torch
 
 from minivllm.benchmarks.step_cost_model import fit_decode_cost_by_class
-from minivllm.benchmarks.step_timeline_kernels import STEP_MARKER, KernelEvent, kernel_class
+from minivllm.benchmarks.step_timeline_kernels import (
+    STEP_MARKER,
+    KernelEvent,
+    busy_and_gaps,
+    kernel_class,
+)
 
 # The pseudo-class of a step's time on the GPU that no kernel of it fills: from its marker
 # to the next step's marker, minus the union of its kernels.
@@ -56,19 +61,6 @@ def split_steps(events: Sequence[KernelEvent]) -> list[list[KernelEvent]]:
     return steps
 
 
-def _union_ns(events: Sequence[KernelEvent]) -> int:
-    """The length of the union of the events' intervals (overlaps count once)."""
-    total, cur_start, cur_end = 0, None, None
-    for start, end in sorted((e.start_ns, e.start_ns + e.duration_ns) for e in events):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    return total + (cur_end - cur_start if cur_end is not None else 0)
-
-
 def class_seconds(
     step_events: Sequence[Sequence[KernelEvent]], marker_starts: Sequence[int], end_ns: int
 ) -> dict[str, list[float]]:
@@ -81,7 +73,8 @@ def class_seconds(
         for e in events:
             per_class.setdefault(kernel_class(e.name), [0.0] * n)[i] += e.duration_ns / 1e9
         stop = marker_starts[i + 1] if i + 1 < n else end_ns
-        idle = (stop - marker_starts[i] - _union_ns(events)) / 1e9
+        busy_ns = busy_and_gaps(events)[1]  # the union of its kernels' intervals
+        idle = (stop - marker_starts[i] - busy_ns) / 1e9
         per_class.setdefault(IDLE, [0.0] * n)[i] = max(idle, 0.0)
     return per_class
 
