@@ -373,3 +373,7 @@ def print_summary(timeline: dict[str, Any]) -> None:
         f" by class (s): {classes}",
         flush=True,
     )
+    by_class = kernels.get("by_step", {}).get("decode_cost_by_class", {}).get("classes")
+    if by_class:
+        fixed = ", ".join(f"{c} {v['fixed_ms_per_step']:.3f}" for c, v in by_class.items())
+        print(f"  decode step fixed cost by class (ms, profiled run): {fixed}", flush=True)

@@ -128,3 +128,17 @@ def test_the_step_timeline_calls_its_hook_before_each_step_is_queued(llm) -> Non
     # Once per step, and each time before that step reached the runner.
     assert len(queued_before) == len(timeline.steps) > 0
     assert calls[: len(timeline.steps)] == list(range(1, len(timeline.steps) + 1))
+
+
+def test_the_summary_prints_the_fixed_cost_by_class(capsys) -> None:
+    from minivllm.benchmarks.step_timeline import print_summary
+
+    steps = _steps(12)
+    profile = [[("nvjet_big_gemm", 30_000)]]
+    profile += [[("nvjet_gemm", 1_000 + 2 * s.num_reqs)] for s in steps[1:]]
+    kernels = {"busy_s": 1.0, "span_s": 1.0, "classes_s": {"gemm": 1.0}}
+    kernels["by_step"] = kernels_by_step(steps, _profile(profile), KV_BYTES, BANDWIDTH)
+    totals = {"steps": 13, "mixed_steps": 1, "wall_s": 1.0, "gpu_s": None, "gap_s": None}
+    print_summary({"totals": totals, "kinds": [], "kernels": kernels})
+    out = capsys.readouterr().out
+    assert "decode step fixed cost by class (ms, profiled run): gemm 0.001" in out
