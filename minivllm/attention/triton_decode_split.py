@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.utils.math_utils import cdiv
+
 # A segment shorter than this spends more on its fixed costs (q load, partial write,
 # the merge) than it gains from parallelism. Small decode steps are latency-bound and
 # gain from short segments (1 x 512: 8.3 us in 8 segments, 11.7 in 4, 26.5 unsplit;
@@ -75,7 +77,7 @@ def choose_num_segments(
     threshold = num_sms if split_below is None else split_below
     if num_active_programs <= 0 or num_active_programs >= threshold:
         return 1
-    wanted = triton.cdiv(TARGET_PROGRAMS_PER_SM * num_sms, num_active_programs)
+    wanted = cdiv(TARGET_PROGRAMS_PER_SM * num_sms, num_active_programs)
     by_length = max(1, max_seq_len // MIN_TOKENS_PER_SEGMENT)
     segments = min(wanted, by_length, max_segments)
     # Round down to a power of two (reduce tiles over segments).

@@ -15,7 +15,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from minivllm.attention.triton_decode_split import (
     FUSED_MERGE_MAX_SEGMENTS,
@@ -23,6 +22,7 @@ from minivllm.attention.triton_decode_split import (
     choose_num_segments,
     num_multiprocessors,
 )
+from minivllm.utils.math_utils import cdiv, next_power_of_2
 
 
 @dataclass(frozen=True)
@@ -133,11 +133,11 @@ def select_config(
     is chosen by :func:`choose_num_segments` unless ``num_kv_splits`` forces it.
     """
     group = num_heads // num_kv_heads
-    head_pad = triton.next_power_of_2(head_size)
+    head_pad = next_power_of_2(head_size)
     block_m, tile_n, warps, stages = _family_tiles(max_query_len, num_seqs, max_seq_len, ordered)
-    block_m = max(block_m, triton.next_power_of_2(group))
+    block_m = max(block_m, next_power_of_2(group))
     if num_kv_splits is None:
-        active = max(num_seqs, triton.cdiv(num_tokens, block_m // group)) * num_kv_heads
+        active = max(num_seqs, cdiv(num_tokens, block_m // group)) * num_kv_heads
         sms = num_multiprocessors(device)
         # A decode batch splits until it has DECODE_SPLIT_PROGRAMS_PER_SM programs per SM,
         # not just one: at 32 sequences of 800 to 2,000 tokens (256 programs on 132 SMs)

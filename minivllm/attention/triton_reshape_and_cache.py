@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.utils.math_utils import next_power_of_2
+
 
 @triton.jit
 def reshape_and_cache_kernel(
@@ -92,6 +94,6 @@ def launch_reshape_and_cache(
         NUM_KV_HEADS=num_kv_heads,
         HEAD_SIZE=head_size,
         BLOCK_SIZE=key_cache.shape[1],
-        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        HEAD_PAD=triton.next_power_of_2(head_size),
+        HEADS_PAD=next_power_of_2(num_kv_heads),
+        HEAD_PAD=next_power_of_2(head_size),
     )

@@ -50,6 +50,7 @@ from minivllm.attention.triton_decode_split import (
     segment_counters,
 )
 from minivllm.attention.triton_launch_config import AttentionLaunchConfig
+from minivllm.utils.math_utils import next_power_of_2
 
 LOG2_E = 1.4426950408889634
 # Triton reads this once at import; the interpreter needs the bf16 dot work-around below.
@@ -298,7 +299,7 @@ def launch_unified_attention(
     num_kv_heads = key_cache.shape[2]
     block_size = key_cache.shape[1]
     group = num_heads // num_kv_heads
-    head_pad = triton.next_power_of_2(head_size)
+    head_pad = next_power_of_2(head_size)
     block_q = config.block_m // group
     segments = config.num_segments
     fused = segments > 1 and config.fused_reduce

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from minivllm.benchmarks.common import environment, measure_copy_bandwidth
 from minivllm.benchmarks.kernel_gemv_compile import compile_in_parallel
+from minivllm.utils.math_utils import next_power_of_2  # no Triton in the parent
 
 DTYPE = torch.bfloat16
 # (name, N output features, K input features) of Qwen3-0.6B's linear layers.
@@ -210,7 +211,7 @@ def candidate_configs(m: int, n: int) -> list:
         return mid_configs(m, n)
     bases = [(cfg, True) for cfg in DOT_CONFIGS]
     if m <= 4:
-        block_m = triton_next_power_of_2(m)
+        block_m = next_power_of_2(m)
         # Drop CUDA-core tiles whose product tile would not fit in 128 registers a thread.
         fma = [c for c in FMA_CONFIGS if block_m * c[0] * c[1] <= 128 * 32 * c[2]]
         bases = [b for pair in itertools.zip_longest(bases, [(c, False) for c in fma])
@@ -230,15 +231,10 @@ def mid_configs(m: int, n: int) -> list:
     :data:`MID_ROWS` that does not exceed the batch, and each split of the shape."""
     from minivllm.model_executor.layers.utils import GemvConfig
 
-    rows = [r for r in MID_ROWS if r <= triton_next_power_of_2(m)]
+    rows = [r for r in MID_ROWS if r <= next_power_of_2(m)]
     return [GemvConfig(bn, bk, s, w, st, block_m=r)
             for (bn, bk, w, st), r, s in itertools.product(MID_CONFIGS, rows, split_counts(n))
             if s <= 4]  # fmt: skip
-
-
-def triton_next_power_of_2(m: int) -> int:
-    """``triton.next_power_of_2`` without importing Triton in the parent of the compilers."""
-    return 1 << max(0, m - 1).bit_length()
 
 
 def _variants(args: argparse.Namespace) -> list[tuple[int, dict, bool]]:

@@ -42,6 +42,7 @@ from minivllm.request import Request
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
+from minivllm.utils.math_utils import cdiv, next_power_of_2
 
 # A small row with well separated probabilities, for the on-device chi-square check.
 CHECK_LOGITS = (2.0, 1.6, 1.1, 0.9, 0.3, -0.2, -0.9, -1.5)
@@ -101,9 +102,9 @@ def sweep_tilings(logits: torch.Tensor, temperature: float) -> dict[str, Any]:
     reference = gumbel_sample(logits, temps, keys, positions, default)[0]
     results, same = [], True
     # A small vocabulary (the CPU smoke test) caps the blocks at its own width.
-    widest = max(1, triton.next_power_of_2(vocab) // 4)
+    widest = max(1, next_power_of_2(vocab) // 4)
     capped = ((min(g, widest), b, w) for g, b, w in SWEEP)
-    tilings = dict.fromkeys((g, min(b, triton.cdiv(vocab, 4 * g)), w) for g, b, w in capped)
+    tilings = dict.fromkeys((g, min(b, cdiv(vocab, 4 * g)), w) for g, b, w in capped)
     for groups, blocks, warps in tilings:
         split = 4 * groups * blocks
         cfg = GumbelLaunchConfig(groups, split, -(-vocab // split), 1, warps)

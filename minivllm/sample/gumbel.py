@@ -34,6 +34,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from minivllm.utils.math_utils import cdiv, next_power_of_2
+
 # Below this u, -log(1 - u) is the series u + u^2/2 + ... + u^6/6 (relative error
 # < u^6 / 7, under float32's resolution); above it, 1 - u is exact enough.
 _SERIES_BELOW = tl.constexpr(0.0625)
@@ -215,15 +217,15 @@ def gumbel_launch_config(
     a GPU; the interpreter (``interpreted``) pays per operation, not per element, so
     there a program takes up to 512 of the ``num_rows`` rows at once (the interpreter
     compiles nothing, so a tiling that follows the batch costs nothing there)."""
-    block = min(2048, max(16, triton.next_power_of_2(vocab_size)))
-    blocks_per_split = min(4, triton.cdiv(vocab_size, block))
+    block = min(2048, max(16, next_power_of_2(vocab_size)))
+    blocks_per_split = min(4, cdiv(vocab_size, block))
     split_size = block * blocks_per_split
     # Triton's largest tile is 2**20 elements.
-    rows = min(512, triton.next_power_of_2(num_rows), 2**20 // block)
+    rows = min(512, next_power_of_2(num_rows), 2**20 // block)
     return GumbelLaunchConfig(
         groups=block // 4,
         split_size=split_size,
-        num_splits=triton.cdiv(vocab_size, split_size),
+        num_splits=cdiv(vocab_size, split_size),
         block_rows=rows if interpreted else 1,
         num_warps=8 if block >= 2048 else 4,
     )
@@ -266,7 +268,7 @@ def gumbel_sample(
     row_keys = isinstance(seeds, torch.Tensor)
     if not row_keys and positions is not None:
         raise ValueError("gumbel_sample: positions must be None with a batch key (an int seeds)")
-    row_blocks = triton.cdiv(num_rows, cfg.block_rows)
+    row_blocks = cdiv(num_rows, cfg.block_rows)
     _gumbel_max_partial_kernel[(row_blocks, cfg.num_splits)](
         logits,
         logits.stride(0),
@@ -296,7 +298,7 @@ def gumbel_sample(
         num_rows,
         vocab_size,
         NUM_SPLITS=cfg.num_splits,
-        SPLITS_POW2=triton.next_power_of_2(cfg.num_splits),
+        SPLITS_POW2=next_power_of_2(cfg.num_splits),
         BLOCK_ROWS=cfg.block_rows,
     )
     return sampled, finite.view(torch.bool)

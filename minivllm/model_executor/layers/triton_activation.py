@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from minivllm.model_executor.layers.utils import pdl_enabled
+from minivllm.utils.math_utils import cdiv, next_power_of_2
 from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
@@ -50,8 +51,8 @@ def _silu_and_mul_impl(out: torch.Tensor, x: torch.Tensor) -> None:
     num_tokens, d = out.shape
     if num_tokens == 0 or d == 0:
         return
-    block = min(triton.next_power_of_2(d), 1024)
-    silu_and_mul_kernel[(num_tokens, triton.cdiv(d, block))](
+    block = min(next_power_of_2(d), 1024)
+    silu_and_mul_kernel[(num_tokens, cdiv(d, block))](
         out, x, x.stride(0), out.stride(0), d, BLOCK=block,
         LAUNCH_DEPENDENTS=pdl_enabled(x.device), num_warps=4,
     )  # fmt: skip

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from minivllm.model_executor.layers.utils import pdl_enabled
+from minivllm.utils.math_utils import next_power_of_2
 from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
@@ -80,7 +81,7 @@ def _launch(out, x, residual, weight, epsilon) -> None:
     num_rows = x.numel() // hidden_size
     if num_rows == 0:
         return
-    block = triton.next_power_of_2(hidden_size)
+    block = next_power_of_2(hidden_size)
     # Enough threads that each holds a handful of elements of the row.
     num_warps = min(max(block // 256, 1), 8)
     rms_norm_kernel[(num_rows,)](

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from minivllm.attention.backends.triton_attn import check_reshape_and_cache_args
+from minivllm.utils.math_utils import cdiv, next_power_of_2
 from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
@@ -157,7 +158,7 @@ HEADS_PER_PROGRAM = 8
 def heads_per_program(num_q_heads: int, num_k_heads: int) -> int:
     """Heads one program normalises and rotates: a power of two up to
     :data:`HEADS_PER_PROGRAM`, enough for the larger of the two head counts."""
-    return min(HEADS_PER_PROGRAM, triton.next_power_of_2(max(num_q_heads, num_k_heads)))
+    return min(HEADS_PER_PROGRAM, next_power_of_2(max(num_q_heads, num_k_heads)))
 
 
 def _launch(
@@ -181,9 +182,9 @@ def _launch(
         return
     num_q_heads = query.shape[1] // head_size
     num_k_heads = key.shape[1] // head_size
-    block = triton.next_power_of_2(head_size)
+    block = next_power_of_2(head_size)
     heads = heads_per_program(num_q_heads, num_k_heads)
-    grid = (num_tokens, triton.cdiv(num_q_heads, heads) + triton.cdiv(num_k_heads, heads))
+    grid = (num_tokens, cdiv(num_q_heads, heads) + cdiv(num_k_heads, heads))
     write = key_cache is not None
     if not write:
         # Never read (WRITE_CACHE is a constexpr False): stand-ins, as the skinny GEMM's
@@ -211,7 +212,7 @@ def _launch(
         epsilon,
         HEAD_SIZE=head_size,
         BLOCK_D=block,
-        BLOCK_HALF=triton.next_power_of_2(head_size // 2),
+        BLOCK_HALF=next_power_of_2(head_size // 2),
         HEADS=heads,
         WRITE_CACHE=write,
         CACHE_BLOCK_SIZE=key_cache.shape[1] if write else 1,

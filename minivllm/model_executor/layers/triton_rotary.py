@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.utils.math_utils import next_power_of_2
 from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
@@ -105,9 +106,9 @@ def _rotary_embedding_impl(positions: torch.Tensor, query: torch.Tensor, key: to
         num_q_heads,
         num_k_heads,
         HEAD_SIZE=head_size,
-        BLOCK_HQ=triton.next_power_of_2(num_q_heads),
-        BLOCK_HK=triton.next_power_of_2(num_k_heads),
-        BLOCK_HALF=triton.next_power_of_2(head_size // 2),
+        BLOCK_HQ=next_power_of_2(num_q_heads),
+        BLOCK_HK=next_power_of_2(num_k_heads),
+        BLOCK_HALF=next_power_of_2(head_size // 2),
         num_warps=4,
     )
 

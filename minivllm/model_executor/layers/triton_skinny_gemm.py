@@ -66,6 +66,7 @@ import triton.language as tl
 from minivllm.model_executor.layers.triton_gemv_prologue import rms_norm_tile, silu_and_mul_tile
 from minivllm.model_executor.layers.utils import INTERPRETED as _INTERPRETED
 from minivllm.model_executor.layers.utils import GemvConfig, default_config, pdl_enabled
+from minivllm.utils.math_utils import cdiv
 from minivllm.utils.torch_utils import direct_register_custom_op, fake_noop
 
 
@@ -264,9 +265,9 @@ def launch_skinny_gemm(
     k = weight.shape[1]
     n = weight.shape[0]
     split = config.split_k
-    tiles = triton.cdiv(n, config.block_n)
+    tiles = cdiv(n, config.block_n)
     block_m = config.rows_per_program(m)
-    row_blocks = triton.cdiv(m, block_m)
+    row_blocks = cdiv(m, block_m)
     ws = _workspace(x.device) if split > 1 else None
     if ws is None or split * m * n > WORKSPACE_FLOATS or tiles * row_blocks > NUM_COUNTERS:
         split, ws = 1, None
@@ -274,7 +275,7 @@ def launch_skinny_gemm(
         raise ValueError(f"a norm prologue needs one unsplit step over K={k}, got {config}")
     residual = norm.residual if norm is not None and norm.residual is not None else None
     partial, counters = ws if ws is not None else (out, out)  # unused when split == 1
-    k_per_split = triton.cdiv(triton.cdiv(k, split), config.block_k) * config.block_k
+    k_per_split = cdiv(cdiv(k, split), config.block_k) * config.block_k
     skinny_gemm_kernel[(tiles, split, row_blocks)](
         x, weight, bias if bias is not None else weight, out, partial, counters,
         residual if residual is not None else x,
