@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from minivllm.benchmarks.step_timeline_kernels import kernel_class, kernel_events
+from minivllm.benchmarks.step_timeline_kernels import kernel_class, kernel_events, kernels_by_time
 from minivllm.utils.math_utils import cdiv
 
 # Decode steps profiled per batch size, and steps run before them once the prefill ends.
@@ -75,15 +75,11 @@ def summarize_steps(events: list, steps: int) -> dict[str, Any]:
     """Per-step figures of ``steps`` steps' kernels: count, device microseconds, those
     microseconds by class, and the costliest kernels (calls per step, microseconds per
     call and per step)."""
-    by_name: dict[str, list[int]] = {}
     classes: dict[str, float] = {}
     for e in events:
-        calls_ns = by_name.setdefault(e.name, [0, 0])
-        calls_ns[0] += 1
-        calls_ns[1] += e.duration_ns
         cls = kernel_class(e.name)
         classes[cls] = classes.get(cls, 0.0) + e.duration_ns / 1e3 / steps
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+    top = kernels_by_time(events)[:TOP_KERNELS]
     return {
         "steps": steps,
         "kernels_per_step": len(events) / steps,
@@ -92,7 +88,7 @@ def summarize_steps(events: list, steps: int) -> dict[str, Any]:
         "top_kernels": [
             {"name": name[:90], "calls_per_step": calls / steps, "us_per_call": ns / 1e3 / calls,
              "us_per_step": ns / 1e3 / steps}
-            for name, (calls, ns) in top
+            for name, calls, ns in top
         ],  # fmt: skip
     }
 

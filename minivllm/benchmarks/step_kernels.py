@@ -35,6 +35,7 @@ from minivllm.benchmarks.step_timeline_kernels import (
     KernelEvent,
     busy_and_gaps,
     kernel_class,
+    top_kernels,
 )
 
 # The pseudo-class of a step's time on the GPU that no kernel of it fills: from its marker
@@ -79,17 +80,6 @@ def class_seconds(
     return per_class
 
 
-def _top_kernels(step_events: Sequence[Sequence[KernelEvent]]) -> list[dict[str, Any]]:
-    by_name: dict[str, list[int]] = {}
-    for events in step_events:
-        for e in events:
-            calls_ns = by_name.setdefault(e.name, [0, 0])
-            calls_ns[0] += 1
-            calls_ns[1] += e.duration_ns
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS_PER_KIND]
-    return [{"name": name[:120], "calls": c, "seconds": ns / 1e9} for name, (c, ns) in top]
-
-
 def kernels_by_step(
     steps: Sequence[Any],
     events: Sequence[KernelEvent],
@@ -117,7 +107,9 @@ def kernels_by_step(
         by_kind[kind] = {
             "steps": len(idx),
             "classes_s": dict(sorted(classes.items(), key=lambda kv: -kv[1])),
-            "top_kernels": _top_kernels([step_events[i] for i in idx]),
+            "top_kernels": top_kernels(
+                (e for i in idx for e in step_events[i]), TOP_KERNELS_PER_KIND
+            ),
         }
     out: dict[str, Any] = {"marker": STEP_MARKER, "steps": len(steps), "by_kind": by_kind}
     if kv_bytes_per_token is not None and copy_bandwidth is not None:

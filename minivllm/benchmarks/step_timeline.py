@@ -319,10 +319,10 @@ def run_step_timeline(
         # The profiled run is recorded step by step too, a marker queued before each
         # step, so that its kernels can be told apart by step (step_kernels.py).
         marked = StepTimeline(core, before_execute=launch_step_marker)
-        out["kernels"] = profile_kernels(llm, workload, temperature, marked)
+        out["kernels"], events = profile_kernels(llm, workload, temperature, marked)
         out["kernels"]["by_step"] = kernels_by_step(
             marked.steps,
-            out["kernels"].pop("events"),
+            events,
             *(() if roofline is None else (roofline.kv_bytes_per_token, roofline.copy_bandwidth)),
         )
     else:

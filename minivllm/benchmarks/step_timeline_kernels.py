@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,18 +125,32 @@ def gap_histogram(
     return rows
 
 
+def kernels_by_time(events: Iterable[KernelEvent]) -> list[tuple[str, int, int]]:
+    """``(name, calls, nanoseconds)`` of each kernel name in ``events``, costliest first."""
+    by_name: dict[str, list[int]] = {}
+    for e in events:
+        calls_ns = by_name.setdefault(e.name, [0, 0])
+        calls_ns[0] += 1
+        calls_ns[1] += e.duration_ns
+    return sorted(((n, c, ns) for n, (c, ns) in by_name.items()), key=lambda t: -t[2])
+
+
+def top_kernels(events: Iterable[KernelEvent], limit: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    """The ``limit`` costliest kernel names of ``events``: calls and seconds of each."""
+    # cuBLAS template names run to hundreds of characters; the head identifies them.
+    return [
+        {"name": name[:120], "calls": c, "seconds": ns / 1e9}
+        for name, c, ns in kernels_by_time(events)[:limit]
+    ]
+
+
 def summarize_kernels(events: Sequence[KernelEvent]) -> dict[str, Any]:
     """Busy and idle time, idle gaps, device time per class and the top kernels."""
     span, busy, gaps = busy_and_gaps(events)
     classes: dict[str, int] = {}
-    by_name: dict[str, list[int]] = {}
     for e in events:
         cls = kernel_class(e.name)
         classes[cls] = classes.get(cls, 0) + e.duration_ns
-        calls_ns = by_name.setdefault(e.name, [0, 0])
-        calls_ns[0] += 1
-        calls_ns[1] += e.duration_ns
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
     return {
         "num_kernels": len(events),
         "span_s": span / 1e9,
@@ -144,20 +158,17 @@ def summarize_kernels(events: Sequence[KernelEvent]) -> dict[str, Any]:
         "idle_s": (span - busy) / 1e9,
         "idle_gaps": gap_histogram(gaps),
         "classes_s": {c: ns / 1e9 for c, ns in sorted(classes.items(), key=lambda kv: -kv[1])},
-        # cuBLAS template names run to hundreds of characters; the head identifies them.
-        "top_kernels": [
-            {"name": name[:120], "calls": c, "seconds": ns / 1e9} for name, (c, ns) in top
-        ],
+        "top_kernels": top_kernels(events),
     }
 
 
 def profile_kernels(
     llm: Any, workload: Workload, temperature: float, timeline: Any = None
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[KernelEvent]]:
     """Pass 2: run ``workload`` once under ``torch.profiler`` (CUDA activity only: no host
-    events, so the host slows down less) and summarize its kernels. With ``timeline`` (a
-    ``StepTimeline`` that marks each step), the run is recorded inside it, its steps are
-    resolved, and the raw ``events`` come back too, for ``step_kernels.kernels_by_step``."""
+    events, so the host slows down less); returns the summary of its kernels and the raw
+    events (for ``step_kernels.kernels_by_step``). With ``timeline`` (a ``StepTimeline``
+    that marks each step), the run is recorded inside it and its steps are resolved."""
     from torch.profiler import ProfilerActivity, profile
 
     recording = timeline if timeline is not None else contextlib.nullcontext()
@@ -166,8 +177,6 @@ def profile_kernels(
         run_end = time.perf_counter()
     events = kernel_events(prof)
     engine = [e for e in events if STEP_MARKER not in e.name]
-    out = {"wall_s": seconds, **summarize_kernels(engine)}
     if timeline is not None:
         timeline.resolve(run_end)
-        out["events"] = events
-    return out
+    return {"wall_s": seconds, **summarize_kernels(engine)}, events
