@@ -25,20 +25,21 @@ Three families of graphs follow from the last rule:
   ``uniform_decode_query_len``). Any batch of short queries (decode tiles) fits one:
   requests with fewer drafts, none, or a short prefill chunk. A replay pads the
   sequences with empty ones, as the prefill graphs do.
-* **prefill** graphs, one per token count in ``prefill_capture_sizes`` (powers of two up
-  to 2048): any other batch of at most that many tokens. They are captured with the
-  attention kernel's prefill tiles, which compute any query length correctly, so a
-  short query rides them too: a prompt of a few tokens, or the few tokens left of a
-  prompt the prefix cache holds (run eagerly, such a step cost 30 ms or more of
-  launches on an H200, more than the whole prefill it saved). The kernel's grid is an
-  upper bound computed from the token count and the sequence count, so the graph is
-  captured with the most sequences such a batch can hold (one token each, at most
-  ``max_num_seqs``) and a replay pads the rest with empty sequences (no query tokens,
-  no context), whose programs return at once.
+* **prefill** graphs, one per token count in ``prefill_capture_sizes`` (powers of two,
+  then every 1,024 tokens, up to the step's token budget): every other batch. They are
+  captured with the attention kernel's prefill tiles, which compute any query length
+  correctly, so a short query rides them too: a prompt of a few tokens, or the few
+  tokens left of a prompt the prefix cache holds. The kernel's grid is an upper bound
+  computed from the token count and the sequence count, so the graph is captured with
+  the most sequences such a batch can hold (one token each, at most ``max_num_seqs``)
+  and a replay pads the rest with empty sequences (no query tokens, no context), whose
+  programs return at once. A mixed step's decodes ride the prefill tiles too (an eager
+  step gives them a launch of their own, ``DecodeSplit``).
 
-The prefill graphs matter for the first token: a 128-token prompt is ~350 kernel
-launches whose host cost (tens of milliseconds in Python) dwarfs their GPU time. Longer
-prefills run eagerly: their compute hides the launches. vLLM captures prefill too, but
+Launched eagerly, a forward pass is about 350 kernel launches whose host cost (tens of
+milliseconds in Python) dwarfs the GPU time of a short prefill, and matches that of a
+full 16,384-token step: on a slowed host those steps waited on the host. With graphs up
+to the budget no step launches its kernels one by one. vLLM captures prefill too, but
 piecewise (attention outside the graph) through torch.compile; our attention kernel
 reads every length from the device, so the whole forward pass fits one graph.
 """
@@ -73,24 +74,35 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-# Up to about this many tokens an eager prefill's host launch cost (tens of milliseconds
-# of Python and driver calls) exceeds its GPU time; longer ones hide their launches in
-# compute, but only just: a 16,384-token step launches in about as long as it runs, and
-# on a slowed host takes the host's time (docs/benchmarks/perf12, the Benchmarks chapter's
-# fourteenth round). (vLLM's default largest capture size is 512, but its prefill pieces
-# are compiled, so launching them eagerly costs far less.)
-MAX_PREFILL_CAPTURE_SIZE = 2048
+# Prefill graphs go up to the step's token budget. An eager prefill's launches cost tens
+# of milliseconds of host time (Python and driver calls): more than the GPU time of any
+# step below some ten thousand tokens, and about as long as a full 16,384-token step
+# runs, so a slowed host made those steps host-bound (docs/benchmarks/perf12, the
+# Benchmarks chapter's fourteenth round). Powers of two up to PREFILL_CAPTURE_STEP, then a
+# graph every step of at least PREFILL_CAPTURE_STEP tokens: a step is padded up to the next
+# graph, and doubling would pad a 9,000-token step to 16,384, more GPU time than its
+# launches cost. The step grows with the budget so that no more than
+# MAX_PREFILL_STEP_GRAPHS graphs lie above it.
+PREFILL_CAPTURE_STEP = 1024
+MAX_PREFILL_STEP_GRAPHS = 16
 
 
 def default_prefill_capture_sizes(max_num_batched_tokens: int) -> list[int]:
     """Token counts to capture prefill graphs for: powers of two from the shortest query
-    that selects prefill tiles up to ``MAX_PREFILL_CAPTURE_SIZE`` (and the step's token
-    budget)."""
-    limit = min(MAX_PREFILL_CAPTURE_SIZE, max_num_batched_tokens)
+    that selects prefill tiles, then multiples of a step (``PREFILL_CAPTURE_STEP``, or a
+    multiple of it for budgets above ``MAX_PREFILL_STEP_GRAPHS`` of them), and the step's
+    token budget itself, so that every step has a graph."""
+    budget = max_num_batched_tokens
+    if budget < PREFILL_MIN_QUERY_LEN:
+        return []
+    step = PREFILL_CAPTURE_STEP * cdiv(budget, MAX_PREFILL_STEP_GRAPHS * PREFILL_CAPTURE_STEP)
     sizes, t = [], PREFILL_MIN_QUERY_LEN
-    while t <= limit:
+    while t <= min(budget, step):
         sizes.append(t)
         t *= 2
+    sizes += range(2 * step, budget + 1, step)
+    if sizes[-1] != budget:
+        sizes.append(budget)
     return sizes
 
 

@@ -9,7 +9,9 @@ from minivllm import LLM, SamplingParams
 from minivllm.forward_context import AttentionMetadata
 from minivllm.worker.cuda_graph import (
     DECODE,
+    MAX_PREFILL_STEP_GRAPHS,
     PREFILL,
+    PREFILL_CAPTURE_STEP,
     VERIFY,
     CUDAGraphRunner,
     default_capture_sizes,
@@ -25,10 +27,21 @@ def test_capture_sizes_cover_every_batch() -> None:
     assert default_capture_sizes(3) == [1, 2, 3]
 
 
-def test_prefill_capture_sizes_stop_at_the_budget_and_2048() -> None:
-    assert default_prefill_capture_sizes(16384) == [32, 64, 128, 256, 512, 1024, 2048]
-    assert default_prefill_capture_sizes(100) == [32, 64]
+def test_prefill_capture_sizes_double_then_step_up_to_the_budget() -> None:
+    pow2 = [32, 64, 128, 256, 512, 1024]
+    full = default_prefill_capture_sizes(16384)
+    assert full == [*pow2, *range(2048, 16385, PREFILL_CAPTURE_STEP)]
+    # The budget is always a size: every step has a graph.
+    assert default_prefill_capture_sizes(3500)[-3:] == [2048, 3072, 3500]
+    assert default_prefill_capture_sizes(100) == [32, 64, 100]
     assert default_prefill_capture_sizes(16) == []
+    assert default_prefill_capture_sizes(32) == [32]
+    # A larger budget takes a larger step: at most MAX_PREFILL_STEP_GRAPHS above it.
+    big = default_prefill_capture_sizes(65536)
+    assert big[: len(pow2) + 3] == [*pow2, 2048, 4096, 8192] and big[-1] == 65536
+    assert len([t for t in big if t > 4096]) <= MAX_PREFILL_STEP_GRAPHS
+    for sizes in (full, big, default_prefill_capture_sizes(20000)):
+        assert sizes == sorted(set(sizes))
 
 
 def _replays(runner) -> dict[str, int] | None:
@@ -69,6 +82,72 @@ def test_graphs_equal_eager(tmp_path, arch: str, budget: int) -> None:
         del llm
         torch.cuda.empty_cache()
     assert results[True] == results[False]
+
+
+@pytest.mark.gpu
+def test_long_prefills_through_graphs_up_to_the_budget_equal_eager(tmp_path, monkeypatch) -> None:
+    """Prefill graphs up to the budget, on the GPU: eight prompts of 505 to 990 tokens in
+    a 3,500-token budget run as a step of the whole budget (graph 3,500, the budget
+    itself) and a step of the rest beside decodes (graph 2,048), and give the eager run's
+    tokens."""
+    keys = []
+    graph_key = CUDAGraphRunner.graph_key
+
+    def recording_graph_key(self, meta, num_tokens):
+        keys.append(graph_key(self, meta, num_tokens))
+        return keys[-1]
+
+    monkeypatch.setattr(CUDAGraphRunner, "graph_key", recording_graph_key)
+    path = make_tiny_model("qwen3", tmp_path / "qwen3")
+    lens = (900, 510, 777, 640, 880, 505, 990, 700)
+    prompts = [{"prompt_token_ids": [3 + (11 * i + n) % 97 for i in range(n)]} for n in lens]
+    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (9, 17, 5, 12, 7, 3, 6, 10)]
+    results = {}
+    for eager in (True, False):
+        llm = LLM(
+            str(path), dtype="float32", device="cuda", max_model_len=1024, max_num_seqs=8,
+            max_num_batched_tokens=3500, num_kv_blocks=512, enforce_eager=eager,
+            attention_backend="triton",
+        )  # fmt: skip
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        results[eager] = [o.outputs[0].token_ids for o in outs]
+        del llm
+        torch.cuda.empty_cache()
+    assert results[True] == results[False]
+    sizes = {size for family, size in filter(None, keys) if family == PREFILL}
+    assert None not in keys and {3500, 2048} <= sizes, sizes
+
+
+def test_long_steps_take_the_stepped_prefill_graphs_on_cpu(tmp_path, monkeypatch) -> None:
+    """Between 2,048 tokens and the budget a step takes the next graph of the 1,024-token
+    steps: in a 4,000-token budget the first step fills the budget (graph 4,000) and the
+    rest, 2,906 tokens beside decodes, pads to 3,072; with each graph replaced by the
+    forward pass it records, the tokens equal the eager run's."""
+    keys = []
+    graph_key = CUDAGraphRunner.graph_key
+
+    def recording_graph_key(self, meta, num_tokens):
+        keys.append((num_tokens, graph_key(self, meta, num_tokens)))
+        return keys[-1][1]
+
+    monkeypatch.setattr(CUDAGraphRunner, "graph_key", recording_graph_key)
+    path = make_tiny_model("qwen3", tmp_path / "qwen3")
+    lens = (900, 810, 777, 940, 880, 905, 990, 700)
+    prompts = [{"prompt_token_ids": [3 + (11 * i + n) % 97 for i in range(n)]} for n in lens]
+    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (9, 17, 5, 12, 7, 3, 6, 10)]
+    results = []
+    for emulate in (False, True):
+        llm = LLM(
+            str(path), dtype="float32", device="cpu", max_model_len=1024, max_num_seqs=8,
+            max_num_batched_tokens=4000, num_kv_blocks=512,
+        )  # fmt: skip
+        if emulate:
+            llm.collective_rpc(_install_emulated_graphs, args=(0,))
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        results.append([o.outputs[0].token_ids for o in outs])
+    assert results[1] == results[0]
+    prefill = [(n, key[1]) for n, key in keys if key[0] == PREFILL]
+    assert prefill == [(4000, 4000), (2906, 3 * PREFILL_CAPTURE_STEP)], prefill
 
 
 def test_verify_graphs_are_keyed_by_batch_size_and_fit_short_queries() -> None:
@@ -226,6 +305,39 @@ def test_short_queries_through_prefill_graphs_equal_eager_on_cpu(tmp_path) -> No
             assert after[PREFILL] > before[PREFILL], (before, after)
             assert llm.llm_engine.stats.prefix_cache_hits > 0
     assert results[1] == results[0]
+
+
+def test_mixed_steps_through_prefill_graphs_equal_eager_on_cpu(tmp_path, monkeypatch) -> None:
+    """A mixed step (decodes beside a prompt chunk) replays a prefill graph, every row on
+    the prefill tiles (eagerly the decodes get a launch of their own): with the Triton
+    kernels interpreted on the CPU and each graph replaced by the forward pass it
+    records, its tokens equal the eager run's."""
+    path = make_tiny_model("qwen3", tmp_path / "qwen3")
+    lens = (7, 30, 90, 12)
+    prompts = [{"prompt_token_ids": [5 + (3 * i + n) % 50 for i in range(n)]} for n in lens]
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    mixed_keys = []
+    graph_key = CUDAGraphRunner.graph_key
+
+    def recording_graph_key(self, meta, num_tokens):
+        key = graph_key(self, meta, num_tokens)
+        if meta.decode_split is not None:
+            mixed_keys.append(key)
+        return key
+
+    monkeypatch.setattr(CUDAGraphRunner, "graph_key", recording_graph_key)
+    results = []
+    for emulate in (False, True):
+        llm = LLM(
+            str(path), dtype="float32", device="cpu", max_model_len=128, max_num_seqs=8,
+            max_num_batched_tokens=40, attention_backend="triton",
+        )  # fmt: skip
+        if emulate:
+            llm.collective_rpc(_install_emulated_graphs, args=(0,))
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        results.append([o.outputs[0].token_ids for o in outs])
+    assert results[1] == results[0]
+    assert mixed_keys and all(key[0] == PREFILL for key in mixed_keys), mixed_keys
 
 
 @pytest.mark.gpu
