@@ -44,6 +44,22 @@ def test_prefill_capture_sizes_double_then_step_up_to_the_budget() -> None:
         assert sizes == sorted(set(sizes))
 
 
+def _record_graph_keys(monkeypatch) -> list[tuple[int, bool, tuple[str, int] | None]]:
+    """Make ``CUDAGraphRunner.graph_key`` record every step it is asked about (the runner
+    lives in this process): its token count, whether it is a mixed step (decodes beside
+    prompt tokens), and the graph it got (None: eager)."""
+    steps = []
+    graph_key = CUDAGraphRunner.graph_key
+
+    def recording_graph_key(self, meta, num_tokens):
+        key = graph_key(self, meta, num_tokens)
+        steps.append((num_tokens, meta.decode_split is not None, key))
+        return key
+
+    monkeypatch.setattr(CUDAGraphRunner, "graph_key", recording_graph_key)
+    return steps
+
+
 def _replays(runner) -> dict[str, int] | None:
     graphs = runner.cuda_graph_runner
     return None if graphs is None else dict(graphs.num_replays)
@@ -90,14 +106,7 @@ def test_long_prefills_through_graphs_up_to_the_budget_equal_eager(tmp_path, mon
     a 3,500-token budget run as a step of the whole budget (graph 3,500, the budget
     itself) and a step of the rest beside decodes (graph 2,048), and give the eager run's
     tokens."""
-    keys = []
-    graph_key = CUDAGraphRunner.graph_key
-
-    def recording_graph_key(self, meta, num_tokens):
-        keys.append(graph_key(self, meta, num_tokens))
-        return keys[-1]
-
-    monkeypatch.setattr(CUDAGraphRunner, "graph_key", recording_graph_key)
+    steps = _record_graph_keys(monkeypatch)
     path = make_tiny_model("qwen3", tmp_path / "qwen3")
     lens = (900, 510, 777, 640, 880, 505, 990, 700)
     prompts = [{"prompt_token_ids": [3 + (11 * i + n) % 97 for i in range(n)]} for n in lens]
@@ -114,6 +123,7 @@ def test_long_prefills_through_graphs_up_to_the_budget_equal_eager(tmp_path, mon
         del llm
         torch.cuda.empty_cache()
     assert results[True] == results[False]
+    keys = [key for _, _, key in steps]
     sizes = {size for family, size in filter(None, keys) if family == PREFILL}
     assert None not in keys and {3500, 2048} <= sizes, sizes
 
@@ -123,14 +133,7 @@ def test_long_steps_take_the_stepped_prefill_graphs_on_cpu(tmp_path, monkeypatch
     steps: in a 4,000-token budget the first step fills the budget (graph 4,000) and the
     rest, 2,906 tokens beside decodes, pads to 3,072; with each graph replaced by the
     forward pass it records, the tokens equal the eager run's."""
-    keys = []
-    graph_key = CUDAGraphRunner.graph_key
-
-    def recording_graph_key(self, meta, num_tokens):
-        keys.append((num_tokens, graph_key(self, meta, num_tokens)))
-        return keys[-1][1]
-
-    monkeypatch.setattr(CUDAGraphRunner, "graph_key", recording_graph_key)
+    steps = _record_graph_keys(monkeypatch)
     path = make_tiny_model("qwen3", tmp_path / "qwen3")
     lens = (900, 810, 777, 940, 880, 905, 990, 700)
     prompts = [{"prompt_token_ids": [3 + (11 * i + n) % 97 for i in range(n)]} for n in lens]
@@ -146,7 +149,7 @@ def test_long_steps_take_the_stepped_prefill_graphs_on_cpu(tmp_path, monkeypatch
         outs = llm.generate(prompts, params, use_tqdm=False)
         results.append([o.outputs[0].token_ids for o in outs])
     assert results[1] == results[0]
-    prefill = [(n, key[1]) for n, key in keys if key[0] == PREFILL]
+    prefill = [(n, key[1]) for n, _, key in steps if key[0] == PREFILL]
     assert prefill == [(4000, 4000), (2906, 3 * PREFILL_CAPTURE_STEP)], prefill
 
 
@@ -316,16 +319,7 @@ def test_mixed_steps_through_prefill_graphs_equal_eager_on_cpu(tmp_path, monkeyp
     lens = (7, 30, 90, 12)
     prompts = [{"prompt_token_ids": [5 + (3 * i + n) % 50 for i in range(n)]} for n in lens]
     params = SamplingParams(temperature=0.0, max_tokens=8)
-    mixed_keys = []
-    graph_key = CUDAGraphRunner.graph_key
-
-    def recording_graph_key(self, meta, num_tokens):
-        key = graph_key(self, meta, num_tokens)
-        if meta.decode_split is not None:
-            mixed_keys.append(key)
-        return key
-
-    monkeypatch.setattr(CUDAGraphRunner, "graph_key", recording_graph_key)
+    steps = _record_graph_keys(monkeypatch)
     results = []
     for emulate in (False, True):
         llm = LLM(
@@ -337,6 +331,7 @@ def test_mixed_steps_through_prefill_graphs_equal_eager_on_cpu(tmp_path, monkeyp
         outs = llm.generate(prompts, params, use_tqdm=False)
         results.append([o.outputs[0].token_ids for o in outs])
     assert results[1] == results[0]
+    mixed_keys = [key for _, mixed, key in steps if mixed]
     assert mixed_keys and all(key[0] == PREFILL for key in mixed_keys), mixed_keys
 
 

@@ -28,6 +28,8 @@ def run_figures(st_path: Path, side_path: Path) -> dict:
     mixed = st["kernels"]["by_step"]["by_kind"]["mixed"]
     per_step = {c: s / mixed["steps"] * 1e3 for c, s in mixed["classes_s"].items()}
     log = (st_path.with_suffix(".log")).read_text()
+    budget_gib = float(re.search(r"budget ([\d.]+) GiB", log).group(1))
+    kv_blocks = int(re.search(r"KV cache: (\d+) blocks", log).group(1))
     tok_s = float(re.search(r"minivllm: (\d+) output tok/s", log).group(1))
     roofline = float(re.search(r"of the (\d+) tok/s roofline", log).group(1))
     return {
@@ -42,6 +44,7 @@ def run_figures(st_path: Path, side_path: Path) -> dict:
             k["calls"] for k in mixed["top_kernels"] if k["name"] == "kernel_unified_attention"
         ),
         "startup_s": side["startup_s"], "device_used_gib": side["device_used_gib"],
+        "kv_blocks": kv_blocks, "used_over_budget_gib": side["device_used_gib"] - budget_gib,
         "prefill_graphs": len(side["prefill_sizes"]), "graphs": side["num_graphs"],
     }
 
