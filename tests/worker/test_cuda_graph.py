@@ -138,17 +138,10 @@ def test_long_steps_take_the_stepped_prefill_graphs_on_cpu(tmp_path, monkeypatch
     lens = (900, 810, 777, 940, 880, 905, 990, 700)
     prompts = [{"prompt_token_ids": [3 + (11 * i + n) % 97 for i in range(n)]} for n in lens]
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (9, 17, 5, 12, 7, 3, 6, 10)]
-    results = []
-    for emulate in (False, True):
-        llm = LLM(
-            str(path), dtype="float32", device="cpu", max_model_len=1024, max_num_seqs=8,
-            max_num_batched_tokens=4000, num_kv_blocks=512,
-        )  # fmt: skip
-        if emulate:
-            llm.collective_rpc(_install_emulated_graphs, args=(0,))
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        results.append([o.outputs[0].token_ids for o in outs])
-    assert results[1] == results[0]
+    eager, emulated = _eager_and_emulated_tokens(
+        path, prompts, params, max_model_len=1024, max_num_batched_tokens=4000, num_kv_blocks=512
+    )
+    assert emulated == eager
     prefill = [(n, key[1]) for n, _, key in steps if key[0] == PREFILL]
     assert prefill == [(4000, 4000), (2906, 3 * PREFILL_CAPTURE_STEP)], prefill
 
@@ -256,6 +249,19 @@ def _install_emulated_graphs(runner, num_speculative_tokens: int) -> None:
     runner.cuda_graph_runner = graphs
 
 
+def _eager_and_emulated_tokens(path, prompts, params, **llm_kwargs) -> tuple[list, list]:
+    """Each prompt's tokens from a CPU engine (float32, eight sequences) run eagerly, then
+    from one whose graphs are emulated (``_EagerReplay``)."""
+    results = []
+    for emulate in (False, True):
+        llm = LLM(str(path), dtype="float32", device="cpu", max_num_seqs=8, **llm_kwargs)
+        if emulate:
+            llm.collective_rpc(_install_emulated_graphs, args=(0,))
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        results.append([o.outputs[0].token_ids for o in outs])
+    return results[0], results[1]
+
+
 def test_verify_steps_through_the_graph_layout_equal_eager_on_cpu(tmp_path) -> None:
     """The padding a verify, decode or prefill replay applies (empty sequences, slot -1,
     the query start offsets) leaves every real token's result as eager computes it: on
@@ -320,17 +326,11 @@ def test_mixed_steps_through_prefill_graphs_equal_eager_on_cpu(tmp_path, monkeyp
     prompts = [{"prompt_token_ids": [5 + (3 * i + n) % 50 for i in range(n)]} for n in lens]
     params = SamplingParams(temperature=0.0, max_tokens=8)
     steps = _record_graph_keys(monkeypatch)
-    results = []
-    for emulate in (False, True):
-        llm = LLM(
-            str(path), dtype="float32", device="cpu", max_model_len=128, max_num_seqs=8,
-            max_num_batched_tokens=40, attention_backend="triton",
-        )  # fmt: skip
-        if emulate:
-            llm.collective_rpc(_install_emulated_graphs, args=(0,))
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        results.append([o.outputs[0].token_ids for o in outs])
-    assert results[1] == results[0]
+    eager, emulated = _eager_and_emulated_tokens(
+        path, prompts, params, max_model_len=128, max_num_batched_tokens=40,
+        attention_backend="triton",
+    )  # fmt: skip
+    assert emulated == eager
     mixed_keys = [key for _, mixed, key in steps if mixed]
     assert mixed_keys and all(key[0] == PREFILL for key in mixed_keys), mixed_keys
 
