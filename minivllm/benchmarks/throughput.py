@@ -146,6 +146,17 @@ def engine_figures(llm) -> dict[str, Any]:
             "kv_cache_gib": s.num_kv_blocks * spec.block_bytes_all_layers / 2**30}
 
 
+def device_memory() -> dict[str, float] | None:
+    """The current CUDA device's memory in GiB after the runs: in use by every process on
+    it (what the budget of ``gpu_memory_utilization`` is a fraction of), reserved by this
+    process's torch allocator, and the total; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return {"used_gib": (total - free) / 2**30, "total_gib": total / 2**30,
+            "torch_reserved_gib": torch.cuda.memory_reserved() / 2**30}
+
+
 def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark and write the JSON result."""
     if args.repeats < 0:
@@ -164,7 +175,7 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
         "num_requests": len(workload.prompts), "prompt_tokens": workload.num_prompt_tokens,
         "output_tokens": workload.num_output_tokens}}
     result["copy_bandwidth_bytes_per_s"] = bw = measure_copy_bandwidth()
-    llm = build_llm(args, path)
+    llm, startup_s = timed(build_llm, args, path)
     # Warm-up on the workload itself: Triton compiles a kernel variant the first time it
     # sees a new specialization (e.g. a batch shape), and a smaller warm-up leaves some of
     # those compilations inside the timed run.
@@ -174,7 +185,7 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
             "output_tokens_per_s": workload.num_output_tokens / seconds,
             "total_tokens_per_s":
                 (workload.num_output_tokens + workload.num_prompt_tokens) / seconds,
-            **engine_figures(llm)}
+            "startup_s": startup_s, "device_memory": device_memory(), **engine_figures(llm)}
     result["minivllm"] = mini
     sampled = generate_workload(llm, workload, SAMPLED_TEMPERATURE)
     mini["sampled"] = {"temperature": SAMPLED_TEMPERATURE, "seconds": sampled,
@@ -196,6 +207,10 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
     print(f"minivllm: {mini['output_tokens_per_s']:.0f} output tok/s in {seconds:.1f} s "
           f"({mini['fraction_of_roofline']:.0%} of the {roof.max_output_tokens_per_s:.0f} "
           f"tok/s roofline)", flush=True)
+    memory = mini["device_memory"]
+    print(f"start-up {mini['startup_s']:.1f} s"
+          + ("" if memory is None else f"; device memory in use {memory['used_gib']:.2f} GiB"),
+          flush=True)
     if args.compare_sampler:
         mini["sampled_general_path"] = compare_sampler(llm, workload, sampled)
         for run in mini["sampled_general_path"].values():
