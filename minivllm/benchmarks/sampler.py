@@ -107,7 +107,7 @@ def sweep_tilings(logits: torch.Tensor, temperature: float) -> dict[str, Any]:
     tilings = dict.fromkeys((g, min(b, cdiv(vocab, 4 * g)), w) for g, b, w in capped)
     for groups, blocks, warps in tilings:
         split = 4 * groups * blocks
-        cfg = GumbelLaunchConfig(groups, split, -(-vocab // split), 1, warps)
+        cfg = GumbelLaunchConfig(groups, split, cdiv(vocab, split), 1, warps)
         fn = functools.partial(gumbel_sample, logits, temps, keys, positions, cfg)
         start = time.perf_counter()
         same &= bool(torch.equal(fn()[0], reference))

@@ -92,13 +92,12 @@ def kernels_by_step(
     when the markers do not match the steps one to one."""
     if not steps:
         return {"skipped": "no steps were recorded"}
-    ordered = sorted(events, key=lambda e: e.start_ns)
-    markers = [e.start_ns for e in ordered if STEP_MARKER in e.name]
+    markers = sorted(e.start_ns for e in events if STEP_MARKER in e.name)
     if len(markers) != len(steps):
         return {"skipped": f"{len(markers)} step markers in the profile for {len(steps)} "
                            "steps"}  # fmt: skip
-    step_events = split_steps(ordered)
-    end_ns = max(e.start_ns + e.duration_ns for e in ordered)
+    step_events = split_steps(events)
+    end_ns = max(e.start_ns + e.duration_ns for e in events)
     per_class = class_seconds(step_events, markers, end_ns)
     by_kind: dict[str, Any] = {}
     for kind in ("decode", "mixed"):

@@ -122,10 +122,10 @@ def direct_register_custom_op(
     handling, aliasing checks of the result, in-place bookkeeping) before the
     implementation runs: about ten times the host time of ``Library.define`` +
     ``Library.impl``, which is what upstream's helper of the same name uses and this
-    does. CUDA graphs hide the difference in decode steps; a prompt step runs eagerly, two
-    attention calls and four layer ops per decoder layer, and on a busy host its launch
-    time is the step's time (the Benchmarks chapter's fourteenth round). The kernels run
-    under the CUDA key and, for ``TRITON_INTERPRET=1`` tests, the CPU key.
+    does. A CUDA graph replay hides the difference; an eager step (``enforce_eager``, the
+    CPU, a capture's warm-up pass) pays it on every call, two attention calls and four
+    layer ops per decoder layer (the Benchmarks chapter's fourteenth round). The kernels
+    run under the CUDA key and, for ``TRITON_INTERPRET=1`` tests, the CPU key.
 
     Args:
         name: Operator name in the ``minivllm`` namespace.
