@@ -140,20 +140,26 @@ def engine_figures(llm) -> dict[str, Any]:
     """The engine's own counters after a run."""
     s = llm.llm_engine.stats
     # Per rank when tensor-parallel; the benchmark reads the core it drives in-process.
-    spec = llm.llm_engine.engine_core.engine_core.model_executor.kv_spec
+    executor = llm.llm_engine.engine_core.engine_core.model_executor
+    spec = executor.kv_spec
+    # The CUDA graphs' pool (None: eager, or the runner is in worker processes).
+    graphs = getattr(getattr(executor, "model_runner", None), "cuda_graph_runner", None)
     return {"steps": s.num_steps, "preemptions": s.num_preemptions,
             "num_kv_blocks": s.num_kv_blocks, "peak_blocks_in_use": s.peak_blocks_in_use,
-            "kv_cache_gib": s.num_kv_blocks * spec.block_bytes_all_layers / 2**30}
+            "kv_cache_gib": s.num_kv_blocks * spec.block_bytes_all_layers / 2**30,
+            "cuda_graph_gib": None if graphs is None else graphs.memory_bytes / 2**30}
 
 
-def device_memory() -> dict[str, float] | None:
+def device_memory(gpu_memory_utilization: float) -> dict[str, float] | None:
     """The current CUDA device's memory in GiB after the runs: in use by every process on
-    it (what the budget of ``gpu_memory_utilization`` is a fraction of), reserved by this
-    process's torch allocator, and the total; None without CUDA."""
+    it, the budget of ``gpu_memory_utilization`` (a fraction of the total) that the KV
+    pool was sized to fill, reserved by this process's torch allocator, and the total;
+    None without CUDA."""
     if not torch.cuda.is_available():
         return None
     free, total = torch.cuda.mem_get_info()
     return {"used_gib": (total - free) / 2**30, "total_gib": total / 2**30,
+            "budget_gib": total * gpu_memory_utilization / 2**30,
             "torch_reserved_gib": torch.cuda.memory_reserved() / 2**30}
 
 
@@ -185,7 +191,8 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
             "output_tokens_per_s": workload.num_output_tokens / seconds,
             "total_tokens_per_s":
                 (workload.num_output_tokens + workload.num_prompt_tokens) / seconds,
-            "startup_s": startup_s, "device_memory": device_memory(), **engine_figures(llm)}
+            "startup_s": startup_s, "device_memory": device_memory(args.gpu_memory_utilization),
+            **engine_figures(llm)}
     result["minivllm"] = mini
     sampled = generate_workload(llm, workload, SAMPLED_TEMPERATURE)
     mini["sampled"] = {"temperature": SAMPLED_TEMPERATURE, "seconds": sampled,
@@ -208,9 +215,11 @@ def run_throughput_bench(args: argparse.Namespace) -> dict[str, Any]:
           f"({mini['fraction_of_roofline']:.0%} of the {roof.max_output_tokens_per_s:.0f} "
           f"tok/s roofline)", flush=True)
     memory = mini["device_memory"]
+    graph_gib = mini["cuda_graph_gib"]
     print(f"start-up {mini['startup_s']:.1f} s"
-          + ("" if memory is None else f"; device memory in use {memory['used_gib']:.2f} GiB"),
-          flush=True)
+          + ("" if memory is None else f"; device memory in use {memory['used_gib']:.2f} GiB "
+                                       f"(budget {memory['budget_gib']:.2f})")
+          + ("" if graph_gib is None else f", CUDA graphs {graph_gib:.2f} GiB"), flush=True)
     if args.compare_sampler:
         mini["sampled_general_path"] = compare_sampler(llm, workload, sampled)
         for run in mini["sampled_general_path"].values():

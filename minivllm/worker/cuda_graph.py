@@ -65,6 +65,18 @@ verify graphs, tokens for prefill graphs."""
 GraphKey = tuple[str, int]
 
 
+def release_cached_blocks() -> None:
+    """Give the device back the memory torch's allocator caches but no tensor uses.
+
+    ``torch.cuda.graph`` does this as each capture begins; ``capture`` does it before
+    the first too, so that its measurement counts the graphs' pool alone, and after the
+    last, for the last warm-up's blocks (upstream's ``capture_model`` empties the cache
+    before and after as well). The graphs' pool itself stays: the memory profile counts
+    it (``ModelRunner.profile_cudagraph_memory``).
+    """
+    torch.cuda.empty_cache()
+
+
 def default_capture_sizes(max_num_seqs: int) -> list[int]:
     """Batch sizes to capture: 1, 2, 4, 8, then every 16 up to ``max_num_seqs``."""
     sizes = [b for b in (1, 2, 4, 8) if b <= max_num_seqs]
@@ -174,6 +186,7 @@ class CUDAGraphRunner:
         self.output = torch.zeros(n, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
         self.pool = None
+        self.memory_bytes = 0  # set by capture()
         # Tests read it: which graphs ran.
         self.num_replays = {DECODE: 0, VERIFY: 0, PREFILL: 0}
 
@@ -208,10 +221,16 @@ class CUDAGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture one graph per family and size, largest first, sharing one memory pool."""
+        """Capture one graph per family and size, largest first, sharing one memory pool.
+
+        Sets ``memory_bytes``: the device memory the capture took (the graphs' pool).
+        """
         # During capture the buffers describe a harmless batch (no slot is written).
         self.seq_lens.fill_(1)
         self.slot_mapping.fill_(-1)
+        torch.cuda.synchronize()
+        release_cached_blocks()
+        free_before = torch.cuda.mem_get_info(self.output.device)[0]
         for family, size in self.graph_keys():
             self._set_capture_layout(family, size)
             self._forward(family, size)  # warm-up: compiles kernels, settles allocations
@@ -226,13 +245,16 @@ class CUDAGraphRunner:
         self._query_start_loc_is_arange = True
         self.seq_lens.fill_(1)
         torch.cuda.synchronize()
+        release_cached_blocks()  # the last warm-up's blocks, outside the graphs' pool
+        self.memory_bytes = free_before - torch.cuda.mem_get_info(self.output.device)[0]
         logger.info(
             "captured CUDA graphs for decode batch sizes %s, verify batch sizes %s (%d "
-            "query tokens each) and prefill token counts %s",
+            "query tokens each) and prefill token counts %s: %.2f GiB",
             self.capture_sizes,
             self.verify_capture_sizes,
             self.verify_query_len,
             self.prefill_capture_sizes,
+            self.memory_bytes / 2**30,
         )
 
     def graph_keys(self) -> list[GraphKey]:

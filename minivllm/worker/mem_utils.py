@@ -1,5 +1,5 @@
 """Size the KV pool on a GPU: what the memory budget leaves once the weights, the largest
-step's activations and the memory outside torch's allocator are counted.
+step's activations, the CUDA graphs and the memory outside torch's allocator are counted.
 
 Upstream counterparts: ``Worker.determine_available_memory`` in
 ``vllm/v1/worker/gpu_worker.py`` and the ``memory_profiling`` context manager in
@@ -23,7 +23,9 @@ def profile_num_blocks(runner: Any) -> int:
 
     ``runner`` is a ``ModelRunner`` with its model (and a draft model, if any) loaded
     and no KV cache yet. With a draft model, one block id costs both caches' bytes and
-    the draft's scratch blocks come off the top.
+    the draft's scratch blocks come off the top. The CUDA graphs' memory pool is apart
+    from the activations the profile saw (eager steps and the sampler still need
+    those), so it comes off too (``ModelRunner.profile_cudagraph_memory``).
     """
     device = runner.device
     torch.cuda.empty_cache()
@@ -37,7 +39,9 @@ def profile_num_blocks(runner: Any) -> int:
     # Memory the process holds outside torch's allocator (CUDA context, NCCL, ...).
     non_torch = max(0, (total - free_after) - torch.cuda.memory_reserved(device))
     budget = int(total * runner.cache_config.gpu_memory_utilization)
-    available = budget - peak - non_torch
+    torch.cuda.empty_cache()
+    graphs = runner.profile_cudagraph_memory()
+    available = budget - peak - non_torch - graphs
     draft = runner.draft_kv_spec
     if draft is not None:
         # The draft's scratch blocks past the pool (see spec_decode/draft_model.py).
@@ -45,13 +49,14 @@ def profile_num_blocks(runner: Any) -> int:
     num_blocks = num_blocks_from_memory(runner.kv_spec, available, draft)
     logger.info(
         "memory profile: total %.2f GiB, budget %.2f GiB, weights %.2f GiB, "
-        "activation peak %.2f GiB, non-torch %.2f GiB, free before %.2f GiB "
-        "-> KV cache %.2f GiB = %d blocks",
+        "activation peak %.2f GiB, non-torch %.2f GiB, CUDA graphs %.2f GiB, free before "
+        "%.2f GiB -> KV cache %.2f GiB = %d blocks",
         total / 2**30,
         budget / 2**30,
         weights / 2**30,
         (peak - weights) / 2**30,
         non_torch / 2**30,
+        graphs / 2**30,
         free_before / 2**30,
         num_blocks * block_bytes(runner.kv_spec, draft) / 2**30,
         num_blocks,

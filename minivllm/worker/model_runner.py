@@ -12,6 +12,7 @@ belongs: its position, its KV cache slot, and which sequence it is part of.
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import torch
@@ -37,7 +38,7 @@ from minivllm.utils.math_utils import cdiv
 from minivllm.worker.async_spec import PrevStep
 from minivllm.worker.async_utils import AsyncOutput
 from minivllm.worker.block_table import BlockTable
-from minivllm.worker.cuda_graph import CUDAGraphRunner
+from minivllm.worker.cuda_graph import CUDAGraphRunner, release_cached_blocks
 from minivllm.worker.input_batch import ModelInputs, prepare_inputs
 from minivllm.worker.kernel_warmup import kernel_warmup
 from minivllm.worker.kv_cache import (
@@ -144,6 +145,12 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the per-layer K/V tensors, bind them, compile every kernel variant, and
         capture the CUDA graphs."""
+        self._allocate_kv_caches(num_blocks)
+        kernel_warmup(self)  # before the graphs: no variant may compile mid-run
+        if not self.vllm_config.enforce_eager:
+            self.capture_model()
+
+    def _allocate_kv_caches(self, num_blocks: int) -> None:
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
         bind_kv_cache(self.model, self.kv_caches, self.attn_backend)
         if self.drafter is not None:
@@ -151,22 +158,55 @@ class ModelRunner:
             self.draft_kv_caches = allocate_kv_caches(self.draft_kv_spec, size, self.device)
             bind_kv_cache(self.drafter.model, self.draft_kv_caches, self.attn_backend)
             self.drafter.set_num_blocks(num_blocks)
-        kernel_warmup(self)  # before the graphs: no variant may compile mid-run
-        if not self.vllm_config.enforce_eager:
-            spec = self.vllm_config.speculative_config  # verify steps get graphs of their own
-            k = spec.num_speculative_tokens if spec else 0
-            self.cuda_graph_runner = self._capture_graphs(self.model, self.model_config, k)
-            if self.drafter is not None:
-                # The chain's passes are decode steps; a catch-up pass after a verify
-                # step has up to k + 2 tokens per request (k + 1 kept, one new).
-                draft_config = spec.draft_model_config
-                self.drafter.graphs = self._capture_graphs(self.drafter.model, draft_config, k + 1)
-                if proposal_graphs_enabled():
-                    proposals = DraftProposalGraphs(
-                        self.drafter, self.drafter.graphs.capture_sizes, self.drafter.graphs.pool
-                    )
-                    proposals.capture()
-                    self.drafter.proposal_graphs = proposals
+
+    def capture_model(self) -> None:
+        """Capture the CUDA graphs over the bound KV caches: the model's, and with a draft
+        model its own and its proposal graphs, all in one memory pool per model."""
+        spec = self.vllm_config.speculative_config  # verify steps get graphs of their own
+        k = spec.num_speculative_tokens if spec else 0
+        self.cuda_graph_runner = self._capture_graphs(self.model, self.model_config, k)
+        if self.drafter is not None:
+            # The chain's passes are decode steps; a catch-up pass after a verify
+            # step has up to k + 2 tokens per request (k + 1 kept, one new).
+            draft_config = spec.draft_model_config
+            self.drafter.graphs = self._capture_graphs(self.drafter.model, draft_config, k + 1)
+            if proposal_graphs_enabled():
+                proposals = DraftProposalGraphs(
+                    self.drafter, self.drafter.graphs.capture_sizes, self.drafter.graphs.pool
+                )
+                proposals.capture()
+                self.drafter.proposal_graphs = proposals
+                release_cached_blocks()  # their warm-ups', as after each capture
+
+    @torch.inference_mode()
+    def profile_cudagraph_memory(self) -> int:
+        """The device memory the CUDA graphs will take (0 with ``enforce_eager``), for the
+        KV pool's sizing: the graphs are captured once over a KV cache of one block (a
+        capture's batch reads block 0 and writes no slot), measured, and dropped.
+
+        Their pool holds the largest step's activations, and more as steps of other
+        sizes fragment it; no formula predicts that, so it is measured. Upstream's
+        ``GPUModelRunner.profile_cudagraph_memory`` captures the first two graphs of each
+        kind and extrapolates, its capture being slower than ours.
+        """
+        if self.vllm_config.enforce_eager:
+            return 0
+        self._allocate_kv_caches(1)
+        torch.cuda.synchronize(self.device)
+        release_cached_blocks()
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        self.capture_model()
+        torch.cuda.synchronize(self.device)
+        graph_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
+        self.profiled_graph_bytes = graph_bytes  # beside CUDAGraphRunner.memory_bytes
+        self.cuda_graph_runner = None
+        self.kv_caches = []
+        if self.drafter is not None:
+            self.drafter.graphs = self.drafter.proposal_graphs = None  # (a cycle: gc)
+            self.draft_kv_caches = []
+        gc.collect()
+        release_cached_blocks()  # the dropped graphs' pool
+        return graph_bytes
 
     def _capture_graphs(
         self, model: torch.nn.Module, model_config: ModelConfig, num_speculative_tokens: int

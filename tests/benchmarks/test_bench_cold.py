@@ -20,8 +20,9 @@ def test_throughput_reports_greedy_and_sampled(qwen3_dir, tmp_path) -> None:  # 
     assert mini["sampled"]["temperature"] == 0.6
     assert mini["sampled"]["output_tokens_per_s"] > 0
     assert mini["sampled"]["fraction_of_roofline"] > 0
-    # Start-up (LLM(...) to ready) is timed; device memory needs CUDA.
+    # Start-up (LLM(...) to ready) is timed; device memory and graphs need CUDA.
     assert mini["startup_s"] > 0 and mini["device_memory"] is None
+    assert mini["cuda_graph_gib"] is None
 
 
 def test_cold_runs_two_fresh_processes_on_one_new_cache(qwen3_dir, tmp_path) -> None:  # noqa: F811

@@ -128,6 +128,79 @@ def test_long_prefills_through_graphs_up_to_the_budget_equal_eager(tmp_path, mon
     assert None not in keys and {3500, 2048} <= sizes, sizes
 
 
+def _capture_and_read_allocator(runner) -> dict[str, int]:
+    """Capture a fresh set of graphs for ``runner``'s model, then read torch's allocator
+    at once: the bytes of the default pool's segments that no tensor uses (what
+    ``release_cached_blocks`` gives back; the graphs' private pools keep theirs while
+    the graphs live), the new graphs' pool, and what the capture says it took."""
+    sched = runner.scheduler_config
+    graphs = CUDAGraphRunner(
+        runner.model,
+        max_num_seqs=sched.max_num_seqs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        max_model_len=runner.model_config.max_model_len,
+        block_size=runner.block_size,
+        hidden_size=runner.model_config.hf_config.hidden_size,
+        dtype=runner.model_config.dtype,
+        device=runner.device,
+    )
+    graphs.capture()
+    segments = torch.cuda.memory_snapshot()
+    pool = tuple(graphs.pool)
+    default_pool = (0, 0)
+    idle = sum(
+        seg["total_size"]
+        for seg in segments
+        if tuple(seg["segment_pool_id"]) == default_pool and seg["active_size"] == 0
+    )
+    in_pool = sum(seg["total_size"] for seg in segments if tuple(seg["segment_pool_id"]) == pool)
+    return {"idle": idle, "in_pool": in_pool, "memory_bytes": graphs.memory_bytes}
+
+
+@pytest.mark.gpu
+def test_capture_leaves_no_idle_cached_memory(tmp_path) -> None:
+    """The eager warm-up before each capture allocates a step's activations outside the
+    graphs' pool; capture gives them back, so the KV pool's sizing (which counted one
+    step's activations) still holds. The graph memory it reports is its pool's."""
+    path = make_tiny_model("qwen3", tmp_path / "qwen3")
+    llm = LLM(
+        str(path), dtype="float32", device="cuda", max_model_len=1024, max_num_seqs=8,
+        max_num_batched_tokens=3500, num_kv_blocks=512, attention_backend="triton",
+    )  # fmt: skip
+    seen = llm.collective_rpc(_capture_and_read_allocator)[0]
+    del llm
+    torch.cuda.empty_cache()
+    assert seen["idle"] == 0, seen
+    assert 0 < seen["in_pool"] <= seen["memory_bytes"], seen
+
+
+def _graph_memory(runner) -> tuple[int, int, int]:
+    budget = torch.cuda.mem_get_info(runner.device)[1] * runner.cache_config.gpu_memory_utilization
+    return runner.profiled_graph_bytes, runner.cuda_graph_runner.memory_bytes, int(budget)
+
+
+@pytest.mark.gpu
+def test_kv_sizing_counts_the_graphs_it_will_capture(tmp_path) -> None:
+    """The memory profile captures the graphs once and sizes the KV pool without their
+    pool, so after a run the process stays inside its ``gpu_memory_utilization`` budget.
+    The profile also counts what the engine's capture finds already there (the static
+    buffers, the kernels loaded), so it measures at least as much."""
+    path = make_tiny_model("qwen3", tmp_path / "qwen3")
+    torch.cuda.empty_cache()
+    llm = LLM(
+        str(path), dtype="float32", device="cuda", max_model_len=1024, max_num_seqs=8,
+        max_num_batched_tokens=3500, gpu_memory_utilization=0.1, attention_backend="triton",
+    )  # fmt: skip
+    prompts = [{"prompt_token_ids": [3 + i % 50 for i in range(n)]} for n in (700, 30, 1000)]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+    profiled, captured, budget = llm.collective_rpc(_graph_memory)[0]
+    free, total = torch.cuda.mem_get_info()
+    del llm
+    torch.cuda.empty_cache()
+    assert 0 < captured <= profiled
+    assert total - free <= budget, (total - free, budget)
+
+
 def test_long_steps_take_the_stepped_prefill_graphs_on_cpu(tmp_path, monkeypatch) -> None:
     """Between 2,048 tokens and the budget a step takes the next graph of the 1,024-token
     steps: in a 4,000-token budget the first step fills the budget (graph 4,000) and the
