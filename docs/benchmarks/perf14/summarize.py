@@ -64,17 +64,18 @@ def real_step() -> dict:
             "perf13_prompt_steps": perf13["mean"]["graphs"]["prompt_steps"]}
 
 
-def cold() -> dict:
-    """`bench throughput --cold` at this round's code."""
-    d = load(here / "call3/throughput_cold.json")
+def cold(call: str) -> dict:
+    """`bench throughput --cold` at this round's code, in call ``call``."""
+    d = load(here / call / "throughput_cold.json")
     c, w = d["cold"], d["warm"]
     first, second = c["first_run"], c["second_run"]
-    log = (here / "call3/throughput_cold.log").read_text()
+    log = (here / call / "throughput_cold.log").read_text()
     profile = re.search(r"memory profile: .*", log).group(0)
     return {
         "first_fraction": first["fraction_of_roofline"], "first_tok_s": first["output_tokens_per_s"],
         "second_fraction": second["fraction_of_roofline"], "second_tok_s": second["output_tokens_per_s"],
         "first_over_second": d["first_over_second"],
+        "roofline_tok_s": d["roofline"]["max_output_tokens_per_s"],
         "kernels_compiled": sum(c[k]["kernels_compiled"] for k in ("first_run", "second_run", "greedy_run")),
         "first_run_device_allocs": first["allocator"]["num_device_alloc"],
         "host_busy_s": first["host_busy_s"], "second_host_busy_s": second["host_busy_s"],
@@ -96,7 +97,8 @@ summary = {
     "release": ab("call1", ("keep", "release")),
     "graph_budget": ab("call2", ("uncounted", "counted")),
     "real_step": real_step(),
-    "cold": cold(),
+    "cold": cold("call3"),
+    "cold_2": cold("call4"),
     "gpu_tests": {"call1": test_counts(here / "call1/gpu_tests.log"),
                   "call2": test_counts(here / "call2/gpu_tests.log"),
                   "call3": test_counts(here / "call3/gpu_tests.log")},
