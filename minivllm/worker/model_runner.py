@@ -85,6 +85,7 @@ class ModelRunner:
             )
             self.draft_kv_spec = kv_spec_for(spec.draft_model_config, self.block_size, tp)
         self.cuda_graph_runner: CUDAGraphRunner | None = None
+        self.profiled_graph_bytes: int | None = None  # profile_cudagraph_memory's answer
         engine_gen = torch.Generator(device=self.device)
         engine_gen.manual_seed(vllm_config.seed)
         self.sampler = Sampler(engine_gen)
@@ -198,7 +199,7 @@ class ModelRunner:
         self.capture_model()
         torch.cuda.synchronize(self.device)
         graph_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
-        self.profiled_graph_bytes = graph_bytes  # beside CUDAGraphRunner.memory_bytes
+        self.profiled_graph_bytes = graph_bytes
         self.cuda_graph_runner = None
         self.kv_caches = []
         if self.drafter is not None:

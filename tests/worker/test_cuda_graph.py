@@ -159,9 +159,10 @@ def _capture_and_read_allocator(runner) -> dict[str, int]:
 
 @pytest.mark.gpu
 def test_capture_leaves_no_idle_cached_memory(tmp_path) -> None:
-    """The eager warm-up before each capture allocates a step's activations outside the
-    graphs' pool; capture gives them back, so the KV pool's sizing (which counted one
-    step's activations) still holds. The graph memory it reports is its pool's."""
+    """The eager warm-up before each capture allocates outside the graphs' pool;
+    ``torch.cuda.graph`` gives those blocks back as each capture begins, and capture
+    gives back the last warm-up's too, so no idle cached segment outlives it and the
+    memory it reports (``memory_bytes``) covers its pool."""
     path = make_tiny_model("qwen3", tmp_path / "qwen3")
     llm = LLM(
         str(path), dtype="float32", device="cuda", max_model_len=1024, max_num_seqs=8,
