@@ -39,6 +39,7 @@ def profile_num_blocks(runner: Any) -> int:
     # Memory the process holds outside torch's allocator (CUDA context, NCCL, ...).
     non_torch = max(0, (total - free_after) - torch.cuda.memory_reserved(device))
     budget = int(total * runner.cache_config.gpu_memory_utilization)
+    torch.cuda.empty_cache()  # the run's activations, before the graphs' one-block cache
     graphs = runner.profile_cudagraph_memory()
     available = budget - peak - non_torch - graphs
     draft = runner.draft_kv_spec
