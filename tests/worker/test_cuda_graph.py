@@ -133,17 +133,7 @@ def _capture_and_read_allocator(runner) -> dict[str, int]:
     at once: the bytes of the default pool's segments that no tensor uses (what
     ``release_cached_blocks`` gives back; the graphs' private pools keep theirs while
     the graphs live), the new graphs' pool, and what the capture says it took."""
-    sched = runner.scheduler_config
-    graphs = CUDAGraphRunner(
-        runner.model,
-        max_num_seqs=sched.max_num_seqs,
-        max_num_batched_tokens=sched.max_num_batched_tokens,
-        max_model_len=runner.model_config.max_model_len,
-        block_size=runner.block_size,
-        hidden_size=runner.model_config.hf_config.hidden_size,
-        dtype=runner.model_config.dtype,
-        device=runner.device,
-    )
+    graphs = _graph_runner_for(runner)
     graphs.capture()
     segments = torch.cuda.memory_snapshot()
     pool = tuple(graphs.pool)
@@ -306,9 +296,10 @@ class _EagerReplay:
             self.graphs._forward(*self.key)
 
 
-def _install_emulated_graphs(runner, num_speculative_tokens: int) -> None:
+def _graph_runner_for(runner, num_speculative_tokens: int = 0) -> CUDAGraphRunner:
+    """A ``CUDAGraphRunner`` for ``runner``'s model, as the runner builds its own."""
     sched = runner.scheduler_config
-    graphs = CUDAGraphRunner(
+    return CUDAGraphRunner(
         runner.model,
         max_num_seqs=sched.max_num_seqs,
         max_num_batched_tokens=sched.max_num_batched_tokens,
@@ -319,6 +310,10 @@ def _install_emulated_graphs(runner, num_speculative_tokens: int) -> None:
         device=runner.device,
         num_speculative_tokens=num_speculative_tokens,
     )
+
+
+def _install_emulated_graphs(runner, num_speculative_tokens: int) -> None:
+    graphs = _graph_runner_for(runner, num_speculative_tokens)
     graphs.graphs = {key: _EagerReplay(graphs, key) for key in graphs.graph_keys()}
     runner.cuda_graph_runner = graphs
 
