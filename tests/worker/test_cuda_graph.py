@@ -100,6 +100,13 @@ def test_graphs_equal_eager(tmp_path, arch: str, budget: int) -> None:
     assert results[True] == results[False]
 
 
+# The GPU tests of prefill graphs up to the budget: a budget that is not a power of two.
+_BUDGET_3500_ON_GPU = dict(
+    dtype="float32", device="cuda", max_model_len=1024, max_num_seqs=8,
+    max_num_batched_tokens=3500, attention_backend="triton",
+)  # fmt: skip
+
+
 @pytest.mark.gpu
 def test_long_prefills_through_graphs_up_to_the_budget_equal_eager(tmp_path, monkeypatch) -> None:
     """Prefill graphs up to the budget, on the GPU: eight prompts of 505 to 990 tokens in
@@ -113,11 +120,7 @@ def test_long_prefills_through_graphs_up_to_the_budget_equal_eager(tmp_path, mon
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (9, 17, 5, 12, 7, 3, 6, 10)]
     results = {}
     for eager in (True, False):
-        llm = LLM(
-            str(path), dtype="float32", device="cuda", max_model_len=1024, max_num_seqs=8,
-            max_num_batched_tokens=3500, num_kv_blocks=512, enforce_eager=eager,
-            attention_backend="triton",
-        )  # fmt: skip
+        llm = LLM(str(path), **_BUDGET_3500_ON_GPU, num_kv_blocks=512, enforce_eager=eager)
         outs = llm.generate(prompts, params, use_tqdm=False)
         results[eager] = [o.outputs[0].token_ids for o in outs]
         del llm
@@ -154,10 +157,7 @@ def test_capture_leaves_no_idle_cached_memory(tmp_path) -> None:
     gives back the last warm-up's too, so no idle cached segment outlives it and the
     memory it reports (``memory_bytes``) covers its pool."""
     path = make_tiny_model("qwen3", tmp_path / "qwen3")
-    llm = LLM(
-        str(path), dtype="float32", device="cuda", max_model_len=1024, max_num_seqs=8,
-        max_num_batched_tokens=3500, num_kv_blocks=512, attention_backend="triton",
-    )  # fmt: skip
+    llm = LLM(str(path), **_BUDGET_3500_ON_GPU, num_kv_blocks=512)
     seen = llm.collective_rpc(_capture_and_read_allocator)[0]
     del llm
     torch.cuda.empty_cache()
@@ -178,10 +178,7 @@ def test_kv_sizing_counts_the_graphs_it_will_capture(tmp_path) -> None:
     buffers, the kernels loaded), so it measures at least as much."""
     path = make_tiny_model("qwen3", tmp_path / "qwen3")
     torch.cuda.empty_cache()
-    llm = LLM(
-        str(path), dtype="float32", device="cuda", max_model_len=1024, max_num_seqs=8,
-        max_num_batched_tokens=3500, gpu_memory_utilization=0.1, attention_backend="triton",
-    )  # fmt: skip
+    llm = LLM(str(path), **_BUDGET_3500_ON_GPU, gpu_memory_utilization=0.1)
     prompts = [{"prompt_token_ids": [3 + i % 50 for i in range(n)]} for n in (700, 30, 1000)]
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
     profiled, captured, budget = llm.collective_rpc(_graph_memory)[0]
