@@ -31,6 +31,14 @@ def add_host_args(parser: argparse.ArgumentParser) -> None:
                         help="requests per step of the prepare_inputs measurement")
     parser.add_argument("--prepare-blocks", type=int, nargs="*", default=[16, 70, 128],
                         help="blocks per request of the prepare_inputs measurement (none: skip)")
+    parser.add_argument("--engine", action="store_true",
+                        help="time the real engine's decode steps on the default device (a "
+                             "GPU), phase by phase, against each step's GPU time")
+    parser.add_argument("--model", default=None,
+                        help="with --engine: checkpoint folder (default: the throughput "
+                             "benchmark's random-weight Qwen3-0.6B shape)")
+    parser.add_argument("--temperature", type=float, default=0.6,
+                        help="with --engine: sampling temperature of the decoding requests")
 
 
 def _stub_model(llm: Any, vocab: int) -> None:
@@ -120,6 +128,14 @@ def run_host_bench(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if any(b < 1 for b in args.prepare_blocks):
         raise ValueError(f"--prepare-blocks must all be >= 1, got {args.prepare_blocks}")
+    if any(b < 1 for b in args.batch_sizes):
+        raise ValueError(f"--batch-sizes must all be >= 1, got {args.batch_sizes}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.engine:
+        from minivllm.benchmarks.host_engine import run_engine_host_bench
+
+        return run_engine_host_bench(args)
 
     max_len = args.prompt_len + args.steps + 8
     llm = LLM(str(demo_model_path()), device="cpu", dtype="float32",

@@ -95,7 +95,7 @@ def context_tokens(scheduled: Sequence[Any]) -> int:
     return sum(s.num_computed_tokens + s.num_scheduled_tokens for s in scheduled)
 
 
-def _patch(obj: Any, name: str, wrapper: Callable) -> Callable[[], None]:
+def patch_attribute(obj: Any, name: str, wrapper: Callable) -> Callable[[], None]:
     """Shadow ``obj.name`` with an instance attribute; return what undoes it exactly."""
     had_own = name in vars(obj)
     own = vars(obj).get(name)
@@ -165,8 +165,8 @@ class StepTimeline:
             return handle
 
         self._restore = [
-            _patch(self.scheduler, "schedule", timed_schedule),
-            _patch(self.runner, "execute_model_async", timed_execute),
+            patch_attribute(self.scheduler, "schedule", timed_schedule),
+            patch_attribute(self.runner, "execute_model_async", timed_execute),
         ]
         return self
 

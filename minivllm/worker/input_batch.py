@@ -35,6 +35,9 @@ class ModelInputs:
     attn_metadata: AttentionMetadata
     # Index (into the flat token axis) of each sampling request's last token.
     logits_indices: torch.Tensor
+    # Set when those indices are 0 .. n-1 (a decode step: one token per request, every
+    # request sampling): the LM head then reads the first n rows, no gather launched.
+    logits_rows: int | None = None
     # Requests whose last input token is a placeholder for the step still in flight.
     placeholder_req_ids: list[str] = field(default_factory=list)
     # Where the drafts and the rows that verify them are, when any request has drafts.
@@ -168,11 +171,13 @@ def prepare_inputs(
             attn_metadata, num_decodes, prefill_qsl[0],
             int(seq_lens[:num_decodes].max()), int(seq_lens[num_decodes:].max()), order_d[0],
         )  # fmt: skip
+    every_token_samples = len(tokens) == num_reqs and len(logits_indices) == num_reqs
     return ModelInputs(
         input_ids=input_ids,
         positions=positions_d,
         attn_metadata=attn_metadata,
         logits_indices=logits_idx if spec_metadata is None else spec_metadata.logits_indices,
+        logits_rows=num_reqs if every_token_samples and spec_metadata is None else None,
         placeholder_req_ids=[rid for _, rid in placeholders],
         spec_decode_metadata=spec_metadata,
         batch=TargetBatch(

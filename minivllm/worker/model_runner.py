@@ -93,6 +93,8 @@ class ModelRunner:
         # request_id -> that request's seeded generator; lives until the request ends,
         # so a seeded stream continues where it was after a preemption.
         self.generators: dict[str, torch.Generator] = {}
+        # Requests that asked for prompt logprobs, until they end (none: no per-step scan).
+        self._prompt_logprobs_req_ids: set[str] = set()
         # The sampler's inputs, rebuilt only when the sampling requests change.
         self._metadata_cache = SamplingMetadataCache()
         # The previous step's sampled ids, kept on the device: with async scheduling the
@@ -235,13 +237,17 @@ class ModelRunner:
             scheduler_output, self.block_size, self.device, self._prev, self.block_tables
         )
 
-    def _update_generators(self, scheduler_output: SchedulerOutput) -> None:
+    def _update_request_state(self, scheduler_output: SchedulerOutput) -> None:
+        """Per-request state kept across steps: seeded generators, prompt-logprob askers."""
         for req_id in scheduler_output.finished_req_ids:
             self.generators.pop(req_id, None)
+            self._prompt_logprobs_req_ids.discard(req_id)
         for s in scheduler_output.scheduled:
             if not s.is_new:
                 continue  # a running request already has its generator (if it needs one)
             params = s.request.sampling_params
+            if params.prompt_logprobs is not None:
+                self._prompt_logprobs_req_ids.add(s.request_id)
             if params.sampling_type == SamplingType.RANDOM_SEED and s.request_id not in (
                 self.generators
             ):
@@ -268,7 +274,7 @@ class ModelRunner:
         """Queue one step on the device: forward, then sample for requests that completed
         their input (verify their drafts, with speculative decoding), then let a draft
         model propose. Returns before the device is done; ``get_output()`` waits for it."""
-        self._update_generators(scheduler_output)
+        self._update_request_state(scheduler_output)
         # Before any row is written: a request preempted and admitted again in one step
         # keeps the row it gets now.
         self.block_tables.free(scheduler_output.finished_req_ids)
@@ -277,15 +283,20 @@ class ModelRunner:
             return AsyncOutput(ModelRunnerOutput([], []), None)
         inputs = self._prepare_inputs(scheduler_output)
         hidden = self._forward(inputs)
-        prompt_logprobs = compute_prompt_logprobs(
-            hidden, scheduler_output, self.model.compute_logits
+        prompt_logprobs = (
+            compute_prompt_logprobs(hidden, scheduler_output, self.model.compute_logits)
+            if self._prompt_logprobs_req_ids
+            else {}
         )
         sampling = scheduler_output.sampling_requests()
         output = ModelRunnerOutput([s.request_id for s in sampling], [], None, prompt_logprobs)
         if not sampling:
             self._propose_draft_tokens(inputs, inputs.input_ids[:0], None)  # catch up only
             return AsyncOutput(output, None)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        rows = inputs.logits_rows
+        logits = self.model.compute_logits(
+            hidden[inputs.logits_indices] if rows is None else hidden[:rows]
+        )
         num_accepted = emitted = None
         if inputs.spec_decode_metadata is not None:
             sampler_output, emitted, num_accepted = self._verify_drafts(logits, sampling, inputs)

@@ -107,3 +107,35 @@ def test_launch_order_is_the_device_sort_up_to_ties():
     assert order.dtype == np.int64
     device = torch.argsort(torch.from_numpy(lens), descending=True)
     assert torch.equal(torch.from_numpy(lens[order]), torch.from_numpy(lens)[device])
+
+
+def _prepare_inputs(layout: list[tuple[int, int]], needs_sample: list[bool] | None = None):
+    step = _step(layout)
+    for s, sample in zip(step.scheduled, needs_sample or [True] * len(layout)):
+        s.needs_sample = sample
+    tables = BlockTable(len(layout), max(len(s.block_ids) for s in step.scheduled))
+    return prepare_inputs(step, BLOCK_SIZE, CPU, PrevStep(), tables)
+
+
+def test_a_decode_step_reads_its_logits_rows_without_a_gather():
+    inputs = _prepare_inputs([(9, 1), (20, 1), (3, 1)])
+    assert inputs.logits_rows == 3
+    # The rows it names are exactly the ones the gather would pick.
+    assert inputs.logits_indices.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("layout", "needs_sample"),
+    [
+        ([(9, 1), (0, 5)], None),  # a prompt chunk: its last token samples, not its first
+        ([(9, 1), (20, 1)], [True, False]),  # a request that does not sample this step
+    ],
+)
+def test_other_steps_gather_their_logits_rows(layout, needs_sample):
+    inputs = _prepare_inputs(layout, needs_sample)
+    assert inputs.logits_rows is None
+    last_tokens = np.cumsum([n for _, n in layout]) - 1
+    sampled = needs_sample or [True] * len(layout)
+    assert inputs.logits_indices.tolist() == [
+        int(t) for t, keep in zip(last_tokens, sampled, strict=True) if keep
+    ]
