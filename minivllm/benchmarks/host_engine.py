@@ -9,8 +9,9 @@ the step, wait for the one before, update, outputs) must stay shorter than the G
 step, or the GPU waits. This mode measures both sides per batch size: ``B`` requests
 decode together (``--prompt-len`` prompt tokens, EOS ignored, temperature
 ``--temperature``), and ``--steps`` steps run with a timer on each phase and CUDA events
-around each step's queued work. A step whose wall time exceeds its GPU time was bound
-by the host.
+around each step's queued work. Where the host's busy time comes close to the GPU's
+step, the host sets the pace; the GPU time then includes the waits that causes (the
+events cannot tell a kernel from an idle gap between two).
 
 White-box by design: it reaches the engine core, scheduler and model runner of an
 in-process, single-rank engine (as ``bench throughput --step-timeline`` does).

@@ -72,6 +72,26 @@ def ab() -> dict:
     return {"runs": runs, "mean": mean}
 
 
+def skip_qknorm() -> dict:
+    """Call 4: the workload with the q/k-norm + rotary kernel (kept) and without it
+    (skipped), alternating processes; timed runs are each process's second and third."""
+    runs = []
+    for path in sorted((HERE / "call4").glob("sq_*_*.json")):
+        raw = json.loads(path.read_text())
+        runs.append({"process": path.stem, "side": raw["side"], "timed_s": raw["seconds"][1:]})
+    mean = {
+        side: sum(sum(r["timed_s"]) for r in runs if r["side"] == side)
+        / sum(len(r["timed_s"]) for r in runs if r["side"] == side)
+        for side in ("kept", "skipped")
+    }
+    return {
+        "runs": runs,
+        "mean_s": mean,
+        "saved_s": mean["kept"] - mean["skipped"],
+        "saved_fraction": 1 - mean["skipped"] / mean["kept"],
+    }
+
+
 def main() -> None:
     engine = load("call2/host_engine.json")
     cold = load("call3/throughput_cold.json")
@@ -89,6 +109,7 @@ def main() -> None:
         ),
         "host_engine": {str(r["batch"]): host_busy(r) for r in engine["rows"]},
         "ab": ab(),
+        "skip_qknorm": skip_qknorm(),
         "cold": {
             "first_fraction": cold["cold"]["first_run"]["fraction_of_roofline"],
             "second_fraction": cold["cold"]["second_run"]["fraction_of_roofline"],
