@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +65,8 @@ def _install_model_stubs(runner: Any, vocab: int) -> None:
     runner.model.compute_logits = compute_logits
 
 
-def time_calls(obj: Any, name: str, totals: dict[str, float], key: str) -> None:
-    """Wrap ``obj.name`` (an instance attribute, which ``del`` removes again) so the
-    seconds spent in it add up in ``totals[key]``."""
-    inner = getattr(obj, name)
+def accumulate_time(inner: Callable, totals: dict[str, float], key: str) -> Callable:
+    """``inner``, wrapped so that the seconds spent in it add up in ``totals[key]``."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -76,7 +75,13 @@ def time_calls(obj: Any, name: str, totals: dict[str, float], key: str) -> None:
         finally:
             totals[key] += time.perf_counter() - t0
 
-    setattr(obj, name, wrapper)
+    return wrapper
+
+
+def time_calls(obj: Any, name: str, totals: dict[str, float], key: str) -> None:
+    """Wrap ``obj.name`` (an instance attribute, which ``del`` removes again) so the
+    seconds spent in it add up in ``totals[key]``."""
+    setattr(obj, name, accumulate_time(getattr(obj, name), totals, key))
 
 
 def measure_batch(llm: Any, batch: int, prompt_len: int, steps: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from minivllm.benchmarks.common import environment, make_random_checkpoint, write_json
+from minivllm.benchmarks.host import accumulate_time
 from minivllm.benchmarks.step_timeline import patch_attribute
 
 # Timed phases: (label, where, method). "where" names an object found by _targets.
@@ -78,18 +79,6 @@ class PhaseTimers:
         self.events: list[tuple[Any, Any]] = []
         self._restore: list[Callable[[], None]] = []
 
-    def _timed(self, label: str, inner: Callable) -> Callable:
-        seconds = self.seconds
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                seconds[label] += time.perf_counter() - t0
-
-        return wrapper
-
     def _with_events(self, inner: Callable) -> Callable:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             start = torch.cuda.Event(enable_timing=True)
@@ -105,7 +94,7 @@ class PhaseTimers:
     def __enter__(self) -> PhaseTimers:
         for label, where, name in PHASES:
             obj = self.targets[where]
-            wrapped = self._timed(label, getattr(obj, name))
+            wrapped = accumulate_time(getattr(obj, name), self.seconds, label)
             if label == "execute" and self.use_events:
                 wrapped = self._with_events(wrapped)
             self._restore.append(patch_attribute(obj, name, wrapped))
