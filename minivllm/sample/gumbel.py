@@ -10,9 +10,11 @@ The exponential race of ``random_sample`` picks ``argmax_i p_i / E_i`` with
 and drops out, so neither the probabilities nor their sum are ever needed. Each
 program reads its slice of one logits row once, makes its own noise (Philox, counter-
 based: the same ``(seed, position, column)`` always gives the same number, whichever
-program computes it), and keeps the best score; a second tiny kernel picks the best
-slice. The result does not depend on the tiling, and a row's token depends on nothing
-but its own logits, temperature, seed and position.
+program computes it), and keeps the best score; the last program of a row to finish
+picks the best slice (its arrival counted on a per-row-block counter, as the split-K of
+``triton_skinny_gemm.py``), so one launch does it all. The result does not depend on the
+tiling, and a row's token depends on nothing but its own logits, temperature, seed and
+position.
 
 A step whose rows are all unseeded needs no per-row keys: the caller passes one key for
 the batch (a fresh draw from the engine's seed each step) and each row's noise is
@@ -76,9 +78,13 @@ def _gumbel_max_partial_kernel(
     best_score_ptr,
     best_token_ptr,
     row_max_ptr,
+    counter_ptr,
+    sampled_ptr,
+    finite_ptr,
     num_rows,
     vocab_size,
     NUM_SPLITS: tl.constexpr,
+    SPLITS_POW2: tl.constexpr,
     SPLIT_SIZE: tl.constexpr,
     GROUPS: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -87,7 +93,8 @@ def _gumbel_max_partial_kernel(
 ):
     """Best ``(x / T - log E) / ln 2`` (``x`` when ``T == 0``) of one slice of
     ``BLOCK_ROWS`` rows: base 2 and ``E / ln 2`` (whose log differs from ``log2 E`` by a
-    constant) change no argmax.
+    constant) change no argmax. The row block's last program to finish then picks each
+    row's best slice (``_pick_best_slice``).
 
     Columns are handled in groups of four: one Philox call gives four random words, so
     group ``g`` (columns ``4g .. 4g+3``) of a row uses counter ``(g, position)`` under
@@ -153,30 +160,40 @@ def _gumbel_max_partial_kernel(
     tl.store(best_token_ptr + out, best_token, mask=row_ok)
     # A NaN anywhere makes the row non-finite; +inf says so to the reduction.
     tl.store(row_max_ptr + out, tl.where(num_nan > 0, float("inf"), row_max), mask=row_ok)
+    # Every thread's partials are written before the arrival is counted; the counter's
+    # acq_rel atomic publishes them to the program that arrives last.
+    tl.debug_barrier()
+    counter = counter_ptr + tl.program_id(0)
+    if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
+        _pick_best_slice(best_score_ptr, best_token_ptr, row_max_ptr, sampled_ptr, finite_ptr,
+                         rows, row_ok, vocab_size, NUM_SPLITS, SPLITS_POW2)  # fmt: skip
+        tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
-@triton.jit(do_not_specialize=["num_rows"])
-def _gumbel_max_reduce_kernel(
+@triton.jit
+def _pick_best_slice(
     best_score_ptr,
     best_token_ptr,
     row_max_ptr,
     sampled_ptr,
     finite_ptr,
-    num_rows,
+    rows,
+    row_ok,
     vocab_size,
     NUM_SPLITS: tl.constexpr,
     SPLITS_POW2: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
 ):
-    """The winning slice of each row (the first on a tie), and the row's finiteness."""
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    row_ok = rows < num_rows
+    """The winning slice of each row (the first on a tie), and the row's finiteness.
+
+    The loads bypass L1 (``.cg``): the other programs wrote the partials moments ago, and
+    this SM's L1 may hold stale lines of them."""
     s = tl.arange(0, SPLITS_POW2)[None, :]
     mask = row_ok[:, None] & (s < NUM_SPLITS)
     at = rows[:, None] * NUM_SPLITS + s
-    score = tl.load(best_score_ptr + at, mask=mask, other=-float("inf"))
-    token = tl.load(best_token_ptr + at, mask=mask, other=0)
-    row_max = tl.max(tl.load(row_max_ptr + at, mask=mask, other=-float("inf")), axis=1)
+    score = tl.load(best_score_ptr + at, mask=mask, other=-float("inf"), cache_modifier=".cg")
+    token = tl.load(best_token_ptr + at, mask=mask, other=0, cache_modifier=".cg")
+    row_max = tl.load(row_max_ptr + at, mask=mask, other=-float("inf"), cache_modifier=".cg")
+    row_max = tl.max(row_max, axis=1)
     best = tl.max(score, axis=1)
     first = tl.min(tl.where(score == best[:, None], s, SPLITS_POW2), axis=1)
     winner = tl.sum(tl.where(s == first[:, None], token, 0), axis=1)
@@ -185,6 +202,48 @@ def _gumbel_max_reduce_kernel(
     tl.store(sampled_ptr + rows, winner.to(tl.int64), mask=row_ok)
     finite = (row_max > -float("inf")) & (row_max < float("inf"))
     tl.store(finite_ptr + rows, finite.to(tl.int8), mask=row_ok)
+
+
+# The partials and the per-row-block arrival counters, per device, kept from call to call
+# (grown when a call needs more): a sampling step allocates only its two results. Like the
+# skinny GEMM's workspace, it assumes one stream per device launches the kernel.
+_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def reserve_workspace(device: torch.device, num_rows: int, vocab_size: int) -> None:
+    """Size ``device``'s workspace for ``num_rows`` rows at the default tiling, so that no
+    later step allocates it (the engine's warm-up calls this with the most rows a step
+    samples)."""
+    cfg = gumbel_launch_config(vocab_size, device.type != "cuda", num_rows)
+    row_blocks = cdiv(num_rows, cfg.block_rows)
+    _workspace(device, row_blocks * cfg.block_rows * cfg.num_splits, row_blocks)
+
+
+def _workspace(
+    device: torch.device, num_partials: int, num_row_blocks: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Best scores, best tokens, row maxima (``num_partials`` each) and zeroed counters
+    (``num_row_blocks``) on ``device``."""
+    if device.type == "cuda" and device.index is None:  # one entry per GPU, however named
+        device = torch.device("cuda", torch.cuda.current_device())
+    ws = _workspaces.get(device)
+    if ws is None or ws[0].numel() < num_partials or ws[3].numel() < num_row_blocks:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Zeroing the counters would be captured, not run now.
+            raise RuntimeError(
+                "gumbel_sample under CUDA graph capture needs its workspace reserved "
+                "first (reserve_workspace, or one eager call with as many rows)"
+            )
+        partials = max(num_partials, 0 if ws is None else ws[0].numel())
+        blocks = max(num_row_blocks, 0 if ws is None else ws[3].numel())
+        ws = (
+            torch.empty(partials, dtype=torch.float32, device=device),
+            torch.empty(partials, dtype=torch.int32, device=device),
+            torch.empty(partials, dtype=torch.float32, device=device),
+            torch.zeros(blocks, dtype=torch.int32, device=device),
+        )
+        _workspaces[device] = ws
+    return ws
 
 
 def batch_key(seed: int) -> int:
@@ -258,17 +317,17 @@ def gumbel_sample(
     num_rows, vocab_size = logits.shape
     device = logits.device
     cfg = config or gumbel_launch_config(vocab_size, device.type != "cuda", num_rows)
-    best_score = torch.empty(num_rows, cfg.num_splits, dtype=torch.float32, device=device)
-    best_token = torch.empty(num_rows, cfg.num_splits, dtype=torch.int32, device=device)
-    row_max = torch.empty(num_rows, cfg.num_splits, dtype=torch.float32, device=device)
+    row_keys = isinstance(seeds, torch.Tensor)
+    if not row_keys and positions is not None:
+        raise ValueError("gumbel_sample: positions must be None with a batch key (an int seeds)")
     sampled = torch.empty(num_rows, dtype=torch.int64, device=device)
     finite = torch.empty(num_rows, dtype=torch.int8, device=device)
     if num_rows == 0:
         return sampled, finite.view(torch.bool)
-    row_keys = isinstance(seeds, torch.Tensor)
-    if not row_keys and positions is not None:
-        raise ValueError("gumbel_sample: positions must be None with a batch key (an int seeds)")
     row_blocks = cdiv(num_rows, cfg.block_rows)
+    best_score, best_token, row_max, counters = _workspace(
+        device, row_blocks * cfg.block_rows * cfg.num_splits, row_blocks
+    )
     _gumbel_max_partial_kernel[(row_blocks, cfg.num_splits)](
         logits,
         logits.stride(0),
@@ -279,26 +338,18 @@ def gumbel_sample(
         best_score,
         best_token,
         row_max,
-        num_rows,
-        vocab_size,
-        NUM_SPLITS=cfg.num_splits,
-        SPLIT_SIZE=cfg.split_size,
-        GROUPS=cfg.groups,
-        BLOCK_ROWS=cfg.block_rows,
-        FAST_LOG=device.type == "cuda",
-        ROW_KEYS=row_keys,
-        num_warps=cfg.num_warps,
-    )
-    _gumbel_max_reduce_kernel[(row_blocks,)](
-        best_score,
-        best_token,
-        row_max,
+        counters,
         sampled,
         finite,
         num_rows,
         vocab_size,
         NUM_SPLITS=cfg.num_splits,
         SPLITS_POW2=next_power_of_2(cfg.num_splits),
+        SPLIT_SIZE=cfg.split_size,
+        GROUPS=cfg.groups,
         BLOCK_ROWS=cfg.block_rows,
+        FAST_LOG=device.type == "cuda",
+        ROW_KEYS=row_keys,
+        num_warps=cfg.num_warps,
     )
     return sampled, finite.view(torch.bool)

@@ -119,8 +119,7 @@ def warm_up_logits(runner: Any) -> int:
     step that first met the count.
     """
     config = runner.model_config
-    spec = runner.vllm_config.speculative_config
-    rows = runner.scheduler_config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
+    rows = _max_sampled_rows(runner)
     hidden = torch.zeros(rows, config.hf_config.hidden_size, dtype=config.dtype,
                          device=runner.device)  # fmt: skip
     for n in range(1, rows + 1):
@@ -129,10 +128,11 @@ def warm_up_logits(runner: Any) -> int:
 
 
 def _warm_up_sampler(runner: Any) -> None:
-    """The one-pass sampling kernels (``sample/gumbel.py``): one variant per model and key
+    """The one-pass sampling kernel (``sample/gumbel.py``): one variant per model and key
     mode (per-row keys, one batch key), set by its logits' dtype and width, so one row of
-    real logits compiles them."""
-    from minivllm.sample.gumbel import gumbel_sample
+    real logits compiles them; and its workspace, sized for the most rows a step samples
+    (as ``warm_up_logits`` counts them), so no step allocates it."""
+    from minivllm.sample.gumbel import gumbel_sample, reserve_workspace
 
     config = runner.model_config
     hidden = torch.zeros(1, config.hf_config.hidden_size, dtype=config.dtype, device=runner.device)
@@ -141,6 +141,15 @@ def _warm_up_sampler(runner: Any) -> None:
     temperature = torch.ones(1, device=runner.device)
     gumbel_sample(logits, temperature, zeros, zeros)
     gumbel_sample(logits, temperature, 0, None)
+    reserve_workspace(runner.device, _max_sampled_rows(runner), logits.shape[-1])
+
+
+def _max_sampled_rows(runner: Any) -> int:
+    """The most logits rows one step can sample: ``max_num_seqs``, times ``1 + k`` with
+    ``k`` drafts to verify."""
+    spec = runner.vllm_config.speculative_config
+    k = spec.num_speculative_tokens if spec else 0
+    return runner.scheduler_config.max_num_seqs * (1 + k)
 
 
 def _num_heads(runner: Any) -> int:

@@ -278,3 +278,21 @@ def test_engine_seeded_request_alone_batched_and_synchronous(llm) -> None:
     finally:
         core.async_scheduling = was_async
         llm.collective_rpc(_count_kernel_calls, args=(None,))
+
+
+def test_one_launch_keeps_its_workspace_and_leaves_the_counters_at_zero() -> None:
+    # The row block's last program picks the best slice, counted on a per-block counter
+    # it resets: a second call, on the workspace the engine reserved, finds it clean.
+    from minivllm.sample import gumbel
+
+    gumbel.reserve_workspace(DEVICE, 6, 40)
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    reserved = gumbel._workspaces[logits.device]  # the reservation, whatever DEVICE's name
+    temperature = torch.tensor([0.7, 0.0, 1.3, 0.7, 0.0, 2.0], device=DEVICE)
+    first = gumbel_sample(logits, temperature, 123, None)
+    second = gumbel_sample(logits, temperature, 123, None)
+    assert gumbel._workspaces[logits.device] is reserved  # nothing allocated but the results
+    assert (reserved[3] == 0).all()
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    # The greedy rows took their argmax.
+    assert first[0][1] == logits[1].argmax() and first[0][4] == logits[4].argmax()

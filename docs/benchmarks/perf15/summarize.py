@@ -110,6 +110,14 @@ def main() -> None:
         "host_engine": {str(r["batch"]): host_busy(r) for r in engine["rows"]},
         "ab": ab(),
         "skip_qknorm": skip_qknorm(),
+        # Call 5: the one-launch sampler (bench host --engine at 1 and 256 requests), and
+        # its GPU tests, cut off by the call's timeout inside the warm-up tests.
+        "one_launch": {
+            str(r["batch"]): host_busy(r) for r in load("call5/host_engine.json")["rows"]
+        },
+        "one_launch_tests_passed": (HERE / "call5/gpu_tests.log").read_text()
+        .split("rc=")[0]
+        .count("."),
         "cold": {
             "first_fraction": cold["cold"]["first_run"]["fraction_of_roofline"],
             "second_fraction": cold["cold"]["second_run"]["fraction_of_roofline"],
