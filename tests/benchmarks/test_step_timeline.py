@@ -146,7 +146,6 @@ MINIVLLM_KERNELS = {
     "reshape_and_cache_kernel": "cache_write",
     "skinny_gemm_kernel": "gemm",
     "_gumbel_max_partial_kernel": "sampler",
-    "_gumbel_max_reduce_kernel": "sampler",
 }
 
 
