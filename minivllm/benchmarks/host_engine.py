@@ -55,9 +55,7 @@ def _targets(llm: Any) -> dict[str, Any]:
 
     engine = llm.llm_engine
     core = engine.engine_core.engine_core
-    runner = core.model_executor
-    for attr in ("driver_worker", "model_runner"):
-        runner = getattr(runner, attr, runner)
+    runner = core.model_executor.model_runner
     return {
         "scheduler": core.scheduler,
         "runner": runner,

@@ -214,16 +214,16 @@ def reserve_workspace(device: torch.device, num_rows: int, vocab_size: int) -> N
     """Size ``device``'s workspace for ``num_rows`` rows at the default tiling, so that no
     later step allocates it (the engine's warm-up calls this with the most rows a step
     samples)."""
-    cfg = gumbel_launch_config(vocab_size, device.type != "cuda", num_rows)
-    row_blocks = cdiv(num_rows, cfg.block_rows)
-    _workspace(device, row_blocks * cfg.block_rows * cfg.num_splits, row_blocks)
+    _workspace(device, num_rows, gumbel_launch_config(vocab_size, device.type != "cuda", num_rows))
 
 
 def _workspace(
-    device: torch.device, num_partials: int, num_row_blocks: int
+    device: torch.device, num_rows: int, cfg: GumbelLaunchConfig
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Best scores, best tokens, row maxima (``num_partials`` each) and zeroed counters
-    (``num_row_blocks``) on ``device``."""
+    """Best scores, best tokens, row maxima (one per row slot and slice) and zeroed
+    counters (one per row block) for ``num_rows`` rows tiled by ``cfg``, on ``device``."""
+    num_row_blocks = cdiv(num_rows, cfg.block_rows)
+    num_partials = num_row_blocks * cfg.block_rows * cfg.num_splits
     if device.type == "cuda" and device.index is None:  # one entry per GPU, however named
         device = torch.device("cuda", torch.cuda.current_device())
     ws = _workspaces.get(device)
@@ -325,9 +325,7 @@ def gumbel_sample(
     if num_rows == 0:
         return sampled, finite.view(torch.bool)
     row_blocks = cdiv(num_rows, cfg.block_rows)
-    best_score, best_token, row_max, counters = _workspace(
-        device, row_blocks * cfg.block_rows * cfg.num_splits, row_blocks
-    )
+    best_score, best_token, row_max, counters = _workspace(device, num_rows, cfg)
     _gumbel_max_partial_kernel[(row_blocks, cfg.num_splits)](
         logits,
         logits.stride(0),
