@@ -2,6 +2,7 @@
 ``python3 docs/benchmarks/perf16/summarize.py`` rewrites summary.json beside it."""
 
 import json
+import re
 from pathlib import Path
 from statistics import mean
 
@@ -66,6 +67,12 @@ def registers() -> dict:
     return out
 
 
+def passed(log: str) -> int:
+    """The number of passed tests on a pytest log's summary line (0 when it has none)."""
+    found = re.findall(r"(\d+) passed", (HERE / log).read_text())
+    return int(found[-1]) if found else 0
+
+
 def main() -> None:
     summary = {
         "head_cold": cold("call1/throughput_cold.json"),
@@ -73,7 +80,12 @@ def main() -> None:
         "own_key_first": side_by_side("call3"),
         "registers": registers(),
         "fold_cold": cold("call3/throughput_cold.json"),
-        "fold_tests_passed": {"call2": 104 + 21, "call3": 14},
+        "tests_passed": {
+            name: passed(name)
+            for name in (
+                "call2/gpu_tests_fold.log", "call2/gpu_tests.log", "call3/gpu_tests_fold.log"
+            )
+        },
     }
     # What the fold added to a run, and per step and layer (28 layers; the run's steps,
     # nearly all of them decode steps, from the cold run's step comparison).
