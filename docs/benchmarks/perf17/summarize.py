@@ -114,6 +114,25 @@ def pdl_micro() -> dict:
     }
 
 
+def cold() -> dict:
+    """``bench throughput --cold`` at this round's code (call 5), reduced to what the
+    chapter shows."""
+    raw = load("call5/throughput_cold.json")
+    c, w = raw["cold"], raw["warm"]
+    return {
+        "first_fraction": c["first_run"]["fraction_of_roofline"],
+        "second_fraction": c["second_run"]["fraction_of_roofline"],
+        "first_tok_s": c["first_run"]["output_tokens_per_s"],
+        "first_over_second": raw["first_over_second"],
+        "first_compiled": c["first_run"]["kernels_compiled"],
+        "first_host_busy_s": c["first_run"]["host_busy_s"],
+        "first_seconds": c["first_run"]["seconds"],
+        "roofline_tok_s": raw["roofline"]["max_output_tokens_per_s"],
+        "cold_startup_s": c["startup_s"],
+        "warm_startup_s": w["startup_s"],
+    }
+
+
 def passed(log: str) -> int:
     """Passed tests, counted from a pytest log's summary line."""
     found = re.findall(r"(\d+) passed", (HERE / log).read_text())
@@ -125,6 +144,7 @@ summary = {
     "gc": gc_runs(),
     "pdl_ab": pdl_ab(),
     "warm_up_tests_passed": {"graphs": passed("call2/warmup_test.log")},
+    "head_cold": cold(),
 }
 if (HERE / "call4/pdl.json").exists():
     summary["pdl_micro"] = pdl_micro()
