@@ -148,6 +148,7 @@ summary = {
 }
 if (HERE / "call4/pdl.json").exists():
     summary["pdl_micro"] = pdl_micro()
+summary["graph_and_engine_tests_passed"] = passed("call6/gpu_tests.log")
 if (HERE / "call4/warmup_test_eager.log").exists():
     summary["warm_up_tests_passed"]["eager"] = passed("call4/warmup_test_eager.log")
 (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
