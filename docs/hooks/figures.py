@@ -185,16 +185,20 @@ class FigureResolver:
         path, expr, _ = _parse_args(args)
         return path, expr, evaluate(self.load(path), expr)
 
-    def render(self, args: str) -> str:
-        """The formatted figure, in a span whose tooltip names its source."""
+    def text(self, args: str) -> str:
+        """The formatted figure alone, as plain text (the README's status table)."""
         path, expr, spec = _parse_args(args)
         value = evaluate(self.load(path), expr)
         try:
-            text = format(value, spec)
+            return format(value, spec)
         except ValueError as exc:
             raise FigureError(f"bad format spec {spec!r}: {exc}") from None
+
+    def render(self, args: str) -> str:
+        """The formatted figure, in a span whose tooltip names its source."""
+        path, expr, _ = _parse_args(args)
         title = html.escape(f"{path}: {expr}", quote=True)
-        return f'<span class="mini-fig" title="{title}">{text}</span>'
+        return f'<span class="mini-fig" title="{title}">{self.text(args)}</span>'
 
     def rewrite(self, markdown: str, page_uri: str) -> tuple[str, list[str]]:
         """Replace every figure of a page outside code; one error per unresolved figure."""
