@@ -91,6 +91,10 @@ class SchedulerConfig:
         max_model_len: Copied from ModelConfig for the scheduler's checks.
         async_scheduling: Schedule and queue step N+1 while step N runs on the device
             (the engine keeps one step in flight).
+        stream_interval: A streamed request (``DELTA`` or ``CUMULATIVE`` outputs) gets
+            an output for its first token, then once every ``stream_interval`` tokens,
+            and when it finishes; 1 (the default) is one per step. Fewer outputs mean less
+            work per token in the front end, for coarser chunks. Upstream: the same field.
     """
 
     max_num_seqs: int = 256
@@ -98,11 +102,12 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int = 2048
     async_scheduling: bool = False
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         """The budgets the scheduler can work with, checked wherever a config is built
         (upstream: ``SchedulerConfig.__post_init__`` and ``verify_max_model_len``)."""
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "stream_interval"):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be at least 1, got {value}")

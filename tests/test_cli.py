@@ -65,6 +65,7 @@ def test_generate_refuses_bad_sampling_flags(argv: list[str], words: str, capsys
         (["--cpu-kv-cache-space", "inf"], "cpu_kv_cache_space must be a positive, finite"),
         (["--cpu-kv-cache-space", "nan"], "cpu_kv_cache_space must be a positive, finite"),
         (["--max-num-seqs", "-1"], "max_num_seqs must be a positive integer"),
+        (["--stream-interval", "0"], "stream_interval must be a positive integer"),
     ],
 )
 def test_generate_refuses_bad_engine_flags(argv: list[str], words: str, capsys) -> None:

@@ -76,6 +76,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "(implies --launch-server)")
     parser.add_argument("--server-timeout", type=float, default=600.0,
                         help="seconds to wait for a launched server to become healthy")
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="the launched server's --stream-interval: a stream's chunk "
+                             "every N tokens after its first (ITL is then per chunk)")
     parser.add_argument("--live-viewer", action="store_true",
                         help="keep one viewer on /v1/live/stream during the run (the live "
                              "page's cost to the engine; docs/live_view.md)")
@@ -98,6 +101,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}")
     if args.num_warmups < 0:
         raise ValueError(f"--num-warmups must be 0 or more, got {args.num_warmups}")
+    if args.stream_interval < 1:
+        raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
     if args.client_processes != "auto" and (not args.client_processes.isdigit()

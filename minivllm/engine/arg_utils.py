@@ -81,6 +81,8 @@ class EngineArgs:
             with a draft model on one rank, and with n-gram drafts that have a
             ``disable_by_batch_size`` (it then overlaps the steps above that batch size
             only).
+        stream_interval: Tokens between a streamed request's outputs after its first
+            (``SchedulerConfig.stream_interval``); 1: an output every step.
         speculative_config: Speculative decoding, upstream's keys:
             ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ...,
             "prompt_lookup_max": ...}`` or ``{"method": "draft_model", "model": PATH,
@@ -106,6 +108,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
     async_scheduling: bool | None = None
+    stream_interval: int = 1
     speculative_config: dict[str, Any] | None = None
 
     @classmethod
@@ -203,6 +206,7 @@ class EngineArgs:
                 enable_chunked_prefill=self.enable_chunked_prefill,
                 max_model_len=max_model_len,
                 async_scheduling=self._resolve_async_scheduling(),
+                stream_interval=self.stream_interval,
             ),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
             device=device,
@@ -219,9 +223,12 @@ class EngineArgs:
                 f"Face Hub id (owner/name), got {self.model!r}"
             )
 
-        def positive(name: str) -> None:
+        def positive(name: str, optional: bool = True) -> None:
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is None and optional:
+                return
+            # A bool is an int to Python, never a count to the engine.
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
         for name in (
@@ -233,6 +240,7 @@ class EngineArgs:
             "tensor_parallel_size",
         ):
             positive(name)
+        positive("stream_interval", optional=False)
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {list(_DTYPES)}, got {self.dtype!r}")
         if self.device not in _DEVICES:

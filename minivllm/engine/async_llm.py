@@ -94,7 +94,9 @@ class AsyncLLM:
         self.input_processor = InputProcessor(
             vllm_config, self.tokenizer, self.engine_core.num_kv_blocks
         )
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(
+            self.tokenizer, vllm_config.scheduler_config.stream_interval
+        )
         self.stat_loggers = list(stat_loggers or [])
         self.scheduler_stats: SchedulerStats | None = None
         self.output_handler: asyncio.Task | None = None

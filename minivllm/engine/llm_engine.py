@@ -56,7 +56,9 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             vllm_config, self.tokenizer, self.engine_core.num_kv_blocks
         )
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(
+            self.tokenizer, vllm_config.scheduler_config.stream_interval
+        )
         self._request_counter = itertools.count()
         # The scheduler's counters as of the last step: the one source of the engine's
         # statistics (the summary of `minivllm generate`, the benchmarks).

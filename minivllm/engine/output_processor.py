@@ -117,6 +117,7 @@ class RequestState:
         parent: ParentRequest | None,
         index: int,
         queue: RequestOutputCollector | None,
+        stream_interval: int = 1,
     ) -> None:
         params = request.sampling_params
         self.request_id = request.request_id
@@ -152,15 +153,17 @@ class RequestState:
         self.token_ids: list[int] = []
         self.num_cached_tokens = 0
         self.stats = RequestStateStats(arrival_time=request.arrival_time)
+        self.stream_interval = stream_interval
         # How much of the text, tokens and logprobs earlier DELTA outputs carried.
         self.sent_text = 0
+        self.sent_tokens = 0
         self.sent_logprobs = 0
         self.sent_prompt_logprobs = False
 
-    def update(self, out: EngineCoreOutput) -> tuple[str | None, list[int]]:
+    def update(self, out: EngineCoreOutput) -> str | None:
         """Take one step's output; return a stop string that the new text completed (or
-        None) and the step's new ids the output keeps: all of them, unless a stop
-        string ended the request before the last (a speculative step's accepted run)."""
+        None). ``token_ids`` keeps all of the step's new ids, unless a stop string ended
+        the request before the last (a speculative step's accepted run)."""
         if out.num_cached_tokens:
             self.num_cached_tokens = out.num_cached_tokens
         proc = self.logprobs_processor
@@ -178,17 +181,19 @@ class RequestState:
         if proc is not None and out.new_logprobs is not None:
             proc.add_samples(out.new_logprobs, len(new_ids))
         self.token_ids.extend(new_ids)
-        return stop_str, new_ids
+        return stop_str
 
     def make_request_output(
-        self, new_token_ids: list[int], finish_reason: FinishReason | None, stop_reason: Any
+        self, finish_reason: FinishReason | None, stop_reason: Any
     ) -> RequestOutput | None:
         """The output this step owes the caller, or None (FINAL_ONLY while running, or a
         sample of an ``n > 1`` request whose siblings have not finished)."""
         finished = finish_reason is not None
         if self.output_kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
-        completion = self._make_completion(new_token_ids, finish_reason, stop_reason)
+        if not (finished or self._interval_reached()):
+            return None  # the tokens wait in token_ids; the next output carries them
+        completion = self._make_completion(finish_reason, stop_reason)
         request_id, outputs = self.request_id, [completion]
         prompt_logprobs = self._prompt_logprobs()
         num_cached = self.num_cached_tokens
@@ -213,18 +218,30 @@ class RequestState:
             metrics=self.stats,
         )
 
+    def _interval_reached(self) -> bool:
+        """Whether a running request owes an output now: every step by default; with a
+        ``stream_interval`` of N, for its first token and then once N more have come
+        (upstream: the same rule in ``RequestState.make_request_output``)."""
+        if self.stream_interval == 1 or self.sent_tokens == 0:
+            return True
+        return len(self.token_ids) - self.sent_tokens >= self.stream_interval
+
     def _make_completion(
-        self, new_token_ids: list[int], finish_reason: FinishReason | None, stop_reason: Any
+        self, finish_reason: FinishReason | None, stop_reason: Any
     ) -> CompletionOutput:
         delta = self.output_kind == RequestOutputKind.DELTA
         proc = self.logprobs_processor
         logprobs = None if proc is None else proc.logprobs
         if delta and logprobs is not None:
             logprobs, self.sent_logprobs = logprobs[self.sent_logprobs :], len(logprobs)
+        # A delta carries every token since the last output: this step's, and those of
+        # the steps a stream_interval skipped.
+        new_ids = self.token_ids[self.sent_tokens :]
+        self.sent_tokens = len(self.token_ids)
         return CompletionOutput(
             index=self.index,
             text=self._text(finish_reason, stop_reason, delta),
-            token_ids=list(new_token_ids if delta else self.token_ids),
+            token_ids=list(new_ids if delta else self.token_ids),
             cumulative_logprob=None if proc is None else proc.cumulative_logprob,
             logprobs=logprobs,
             finish_reason=None if finish_reason is None else str(finish_reason),
@@ -270,10 +287,13 @@ class OutputProcessor:
     Args:
         tokenizer: The model's tokenizer, or None (token-id prompts only: no text,
             no stop strings).
+        stream_interval: Tokens between a streamed request's outputs after its first
+            (``SchedulerConfig.stream_interval``).
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, stream_interval: int = 1) -> None:
         self.tokenizer = tokenizer
+        self.stream_interval = stream_interval
         self.request_states: dict[str, RequestState] = {}
 
     def add_request(
@@ -288,7 +308,7 @@ class OutputProcessor:
         if request.request_id in self.request_states:
             raise ValueError(f"request {request.request_id}: the request id is already in use")
         self.request_states[request.request_id] = RequestState(
-            request, prompt, self.tokenizer, parent, index, queue
+            request, prompt, self.tokenizer, parent, index, queue, self.stream_interval
         )
 
     def has_unfinished_requests(self) -> bool:
@@ -346,14 +366,14 @@ class OutputProcessor:
             state.stats.num_draft_tokens += out.num_draft_tokens
             state.stats.num_accepted_tokens += out.num_accepted_tokens
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
-            stop_str, new_token_ids = state.update(out)
+            stop_str = state.update(out)
             if stop_str is not None:
                 finish_reason, stop_reason = FinishReason.STOP, stop_str
                 if not out.finished:
                     result.reqs_to_abort.append(out.request_id)
             if finish_reason is not None:
                 self._finish(state, finish_reason, stats)
-            request_output = state.make_request_output(new_token_ids, finish_reason, stop_reason)
+            request_output = state.make_request_output(finish_reason, stop_reason)
             if request_output is None:
                 continue
             if state.queue is not None:

@@ -87,13 +87,13 @@ def test_arrival_times_are_a_seeded_poisson_process() -> None:
 
 def test_engine_flags_parse_back_with_the_serve_command() -> None:
     kwargs = {"dtype": "float32", "max_num_seqs": 8, "enforce_eager": False,
-              "async_scheduling": None, "gpu_memory_utilization": 0.5}
+              "async_scheduling": None, "gpu_memory_utilization": 0.5, "stream_interval": 4}
     flags = engine_flags(kwargs)
     assert flags == ["--dtype", "float32", "--max-num-seqs", "8", "--no-enforce-eager",
-                     "--gpu-memory-utilization", "0.5"]
+                     "--gpu-memory-utilization", "0.5", "--stream-interval", "4"]
     ns = build_parser().parse_args(["serve", "some-model", *flags])
     assert (ns.dtype, ns.max_num_seqs, ns.enforce_eager, ns.async_scheduling,
-            ns.gpu_memory_utilization) == ("float32", 8, False, None, 0.5)
+            ns.gpu_memory_utilization, ns.stream_interval) == ("float32", 8, False, None, 0.5, 4)
 
 
 @pytest.mark.parametrize("flags, named", [
@@ -104,6 +104,7 @@ def test_engine_flags_parse_back_with_the_serve_command() -> None:
     (["--max-concurrency", "0"], "--max-concurrency"),
     (["--client-processes", "two"], "--client-processes"),
     (["--input-len", "0"], "--input-len"),
+    (["--stream-interval", "0"], "--stream-interval"),
 ])
 def test_bad_options_name_the_flag(flags, named, tmp_path, capsys) -> None:
     out = tmp_path / "serve.json"

@@ -65,6 +65,33 @@ def test_streams_equal_offline_generate(engine: AsyncLLM, llm: LLM) -> None:
     assert engine.scheduler_stats.num_steps < sum(len(e.outputs[0].token_ids) for e in expected)
 
 
+def test_a_stream_interval_streams_the_same_tokens_in_fewer_outputs(model_dir, llm: LLM) -> None:
+    expected = llm.generate(PROMPTS, _params(RequestOutputKind.FINAL_ONLY), use_tqdm=False)
+    args = EngineArgs(str(model_dir), stream_interval=4, **ARGS)
+    eng = AsyncLLM.from_engine_args(args, multiprocess=False)
+
+    async def run():
+        return await asyncio.gather(
+            *(
+                _collect(eng, p, _params(RequestOutputKind.DELTA), f"s{i}")
+                for i, p in enumerate(PROMPTS)
+            )
+        )
+
+    try:
+        streams = asyncio.run(run())
+    finally:
+        eng.shutdown()
+    for outs, exp in zip(streams, expected):
+        ids = [t for o in outs for t in o.outputs[0].token_ids]
+        assert ids == exp.outputs[0].token_ids
+        assert "".join(o.outputs[0].text for o in outs) == exp.outputs[0].text
+        # An output for the first token, then one per four more and one at the end (a
+        # reader that lags gets two merged, so at most that many).
+        assert len(outs) <= 1 + -(-(len(ids) - 1) // 4)
+        assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+
+
 def test_cumulative_final_only_and_n(engine: AsyncLLM) -> None:
     async def run():
         cum = await _collect(engine, PROMPTS[0], _params(RequestOutputKind.CUMULATIVE), "c")

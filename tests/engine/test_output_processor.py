@@ -15,6 +15,7 @@ import transformers
 from minivllm.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from minivllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from minivllm.engine.parallel_sampling import ParentRequest
+from minivllm.runner_outputs import LogprobsLists
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 FINAL, DELTA, CUMULATIVE = (
@@ -83,6 +84,57 @@ def test_delta_outputs_join_to_the_final_text(tokenizer, stop) -> None:
     assert "".join(d.outputs[0].text for d in deltas) == expected.outputs[0].text
     assert [t for d in deltas for t in d.outputs[0].token_ids] == ids
     assert [d.finished for d in deltas] == [False] * (len(ids) - 1) + [True]
+
+
+@pytest.mark.parametrize("interval", [2, 3, 100])
+@pytest.mark.parametrize("logprobs", [None, 1])
+def test_a_stream_interval_sends_every_nth_token_and_loses_none(
+    tokenizer, interval, logprobs
+) -> None:
+    ids = _text_ids(tokenizer, " in the beginning was the word and the word was")
+    every = OutputProcessor(tokenizer)
+    every.add_request(_request("e", tokenizer, output_kind=DELTA, logprobs=logprobs), None)
+    sparse = OutputProcessor(tokenizer, stream_interval=interval)
+    sparse.add_request(_request("s", tokenizer, output_kind=DELTA, logprobs=logprobs), None)
+    outs = {}
+    for name, proc in (("e", every), ("s", sparse)):
+        steps = []
+        for i, tok in enumerate(ids):
+            finish = FinishReason.LENGTH if i == len(ids) - 1 else None
+            rows = None
+            if logprobs is not None:  # the sampled token and one more, as a step sends
+                rows = LogprobsLists([[tok, tok + 1]], [[-0.5 - i, -2.0]], [1])
+            out = EngineCoreOutput(name, [tok], new_logprobs=rows, finish_reason=finish)
+            steps.append(proc.process_outputs([out], float(i)))
+        outs[name] = [(i, o) for i, r in enumerate(steps) for o in r.request_outputs]
+    # The first token at once, then one output per `interval` tokens, and the last.
+    sent_at = [i for i, _ in outs["s"]]
+    expected = sorted({0, *range(interval, len(ids), interval), len(ids) - 1})
+    assert sent_at == expected
+    # Nothing lost or repeated: the deltas join to the every-step stream's tokens, text
+    # and logprobs, and only the last output is finished.
+    for field in ("token_ids", "text", "logprobs"):
+        joined = [getattr(o.outputs[0], field) for _, o in outs["s"]]
+        full = [getattr(o.outputs[0], field) for _, o in outs["e"]]
+        if field == "text":
+            assert "".join(joined) == "".join(full)
+        elif logprobs is not None or field == "token_ids":
+            assert [x for part in joined for x in part] == [x for part in full for x in part]
+    assert [o.finished for _, o in outs["s"]] == [False] * (len(sent_at) - 1) + [True]
+
+
+def test_a_stream_interval_leaves_final_only_and_cumulative_outputs_whole(tokenizer) -> None:
+    ids = _text_ids(tokenizer, " one two three four five")
+    proc = OutputProcessor(tokenizer, stream_interval=2)
+    proc.add_request(_request("f", tokenizer, output_kind=FINAL), None)
+    proc.add_request(_request("c", tokenizer, output_kind=CUMULATIVE), None)
+    final = _steps(proc, "f", ids, FinishReason.LENGTH)
+    cumulative = _steps(proc, "c", ids, FinishReason.LENGTH)
+    assert [len(r.request_outputs) for r in final] == [0] * (len(ids) - 1) + [1]
+    outs = [o for r in cumulative for o in r.request_outputs]
+    sent_at = sorted({*range(0, len(ids), 2), len(ids) - 1})
+    assert [o.outputs[0].token_ids for o in outs] == [ids[: i + 1] for i in sent_at]
+    assert final[-1].request_outputs[0].outputs[0].text == outs[-1].outputs[0].text
 
 
 def test_a_stop_string_split_across_steps_never_leaks_into_a_delta(tokenizer) -> None:
