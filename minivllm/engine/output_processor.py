@@ -186,8 +186,9 @@ class RequestState:
     def make_request_output(
         self, finish_reason: FinishReason | None, stop_reason: Any
     ) -> RequestOutput | None:
-        """The output this step owes the caller, or None (FINAL_ONLY while running, or a
-        sample of an ``n > 1`` request whose siblings have not finished)."""
+        """The output this step owes the caller, or None (FINAL_ONLY while running, a
+        stream between two outputs of its ``stream_interval``, or a sample of an
+        ``n > 1`` request whose siblings have not finished)."""
         finished = finish_reason is not None
         if self.output_kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
