@@ -80,7 +80,10 @@ def main() -> int:
     fresh = render(current, CHAPTER.read_text(encoding="utf-8"))
     if args.check:
         if fresh != current:
-            print("README.md's status table is stale: run python docs/scripts/gen_readme_status.py")
+            print(
+                "README.md's status table is stale: run python docs/scripts/gen_readme_status.py",
+                file=sys.stderr,
+            )
             return 1
         print("README.md's status table is up to date")
         return 0

@@ -6,8 +6,10 @@ tests import that same module, so they check exactly what the site shows.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCS_DIR = REPO_ROOT / "docs"
@@ -32,3 +34,12 @@ def chapters() -> list[Path]:
 def engine_chapters() -> list[Path]:
     """Chapters that explain one part of the engine (not the structural overviews)."""
     return [p for p in chapters() if p.name not in STRUCTURAL_PAGES]
+
+
+def load_script(name: str) -> ModuleType:
+    """``docs/scripts/<name>.py`` imported as a module (registered, for its dataclasses)."""
+    spec = importlib.util.spec_from_file_location(name, DOCS_DIR / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import textwrap
 from pathlib import Path
@@ -25,18 +24,14 @@ from tests.docs import (
     chapters,
     doc_pages,
     engine_chapters,
+    load_script,
 )
 
 LOCK_PATH = DOCS_DIR / "vllm.lock.json"
 
 
 def _load_lock_script():
-    spec = importlib.util.spec_from_file_location(
-        "gen_vllm_lock", DOCS_DIR / "scripts" / "gen_vllm_lock.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_vllm_lock")
 
 
 def _rel(page: Path) -> str:

@@ -7,14 +7,9 @@ and an import added between two drawn packages must change it.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests.docs import DOCS_DIR
-
-SCRIPT = DOCS_DIR / "scripts" / "gen_package_graph.py"
+from tests.docs import load_script
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +17,7 @@ def gen():
     """The generator script, imported as a module."""
     pytest.importorskip("grimp", reason="grimp comes with import-linter: pip install -e '.[test]'")
     pytest.importorskip("tomllib")  # Python 3.11+: the script reads pyproject.toml
-    spec = importlib.util.spec_from_file_location("gen_package_graph", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_package_graph")
 
 
 def test_chapter_block_matches_the_imports(gen) -> None:

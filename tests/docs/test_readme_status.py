@@ -7,26 +7,18 @@ must equal a fresh rendering, and the rendering must follow the JSON and fix the
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.docs import DOCS_DIR
-
-SCRIPT = DOCS_DIR / "scripts" / "gen_readme_status.py"
+from tests.docs import load_script
 
 
 @pytest.fixture(scope="module")
 def gen():
     """The generator script, imported as a module."""
-    spec = importlib.util.spec_from_file_location("gen_readme_status", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_readme_status")
 
 
 def test_readme_table_matches_the_chapter(gen) -> None:
