@@ -18,7 +18,9 @@ The HTTP side lives in ``serve_client.py`` (several client processes, so the cli
 keeps up with a saturated server). ``--request-rates 1,4,16,inf`` runs one pass per rate
 and draws TTFT and ITL against the rate (``serve_plot.py``); ``--launch-server`` starts
 ``minivllm serve`` for the run and ``--compare-offline`` also times the same requests
-through offline ``LLM.generate`` (``serve_compare.py``).
+through offline ``LLM.generate`` (``serve_compare.py``). A launched server's CPU seconds
+over each timed pass, the front end's and the engine core's, go into the run's
+``server_cpu`` (``proc_cpu.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +36,12 @@ import httpx
 import numpy as np
 
 from minivllm.benchmarks.common import default_output
+from minivllm.benchmarks.proc_cpu import cpu_delta
 from minivllm.benchmarks.serve_client import LiveViewer, RequestResult, Target, run_requests
 from minivllm.benchmarks.workloads import Workload, throughput_workload
+
+CpuProbe = Callable[[], "dict[str, float] | None"]
+"""A reading of a server's CPU seconds so far (``LaunchedServer.cpu_times``)."""
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -182,8 +189,9 @@ def client_processes(args: argparse.Namespace) -> int:
 
 
 def run_rates(args: argparse.Namespace, target: Target, workload: Workload,
-              rates: list[float]) -> list[dict[str, Any]]:
-    """Warm up, then one timed pass per rate."""
+              rates: list[float], cpu_probe: CpuProbe | None = None) -> list[dict[str, Any]]:
+    """Warm up, then one timed pass per rate; with ``cpu_probe`` (a launched server), each
+    pass records the server's CPU seconds (``server_cpu``, see ``proc_cpu.cpu_delta``)."""
     procs = client_processes(args)
     if args.num_warmups:
         # Other prompts (another seed): the timed pass must not hit the prefix cache.
@@ -191,21 +199,26 @@ def run_rates(args: argparse.Namespace, target: Target, workload: Workload,
         run_requests(target, warm, math.inf, args.max_concurrency, args.seed, procs)
     runs = []
     for rate in rates:
+        before = cpu_probe() if cpu_probe else None
         results, seconds = run_requests(target, workload, rate, args.max_concurrency,
                                         args.seed, procs)
-        runs.append(summarize(results, seconds, rate, args.max_concurrency) |
-                    {"client_processes": procs})
-        print(format_run(runs[-1]), flush=True)
+        run = summarize(results, seconds, rate, args.max_concurrency)
+        run["client_processes"] = procs
+        if cpu_probe and (cpu := cpu_delta(before, cpu_probe(), seconds)) is not None:
+            run["server_cpu"] = cpu
+        runs.append(run)
+        print(format_run(run), flush=True)
     return runs
 
 
 def run_rates_watched(args: argparse.Namespace, target: Target, workload: Workload,
-                      rates: list[float], result: dict[str, Any]) -> list[dict[str, Any]]:
+                      rates: list[float], result: dict[str, Any],
+                      cpu_probe: CpuProbe | None = None) -> list[dict[str, Any]]:
     """``run_rates``, with one live viewer attached throughout if ``--live-viewer``."""
     if not args.live_viewer:
-        return run_rates(args, target, workload, rates)
+        return run_rates(args, target, workload, rates, cpu_probe)
     with LiveViewer(target) as viewer:
-        runs = run_rates(args, target, workload, rates)
+        runs = run_rates(args, target, workload, rates, cpu_probe)
     result["live_viewer"] = viewer.summary()
     return runs
 
@@ -217,7 +230,15 @@ def format_run(run: dict[str, Any]) -> str:
             f"{run['output_throughput']:.0f} output tok/s; TTFT median "
             f"{run['median_ttft_ms']:.1f} ms p99 {run['p99_ttft_ms']:.1f} ms; ITL median "
             f"{run['median_itl_ms']:.2f} ms p99 {run['p99_itl_ms']:.2f} ms; TPOT median "
-            f"{run['median_tpot_ms']:.2f} ms")
+            f"{run['median_tpot_ms']:.2f} ms" + _format_cpu(run.get("server_cpu")))
+
+
+def _format_cpu(cpu: dict[str, float] | None) -> str:
+    if cpu is None:
+        return ""
+    return (f"; server CPU: front end {cpu['front_end_cpu_s']:.1f} s "
+            f"({cpu['front_end_busy_share']:.0%} of the pass), engine core "
+            f"{cpu['engine_core_cpu_s']:.1f} s")
 
 
 def run_serve_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -242,7 +263,8 @@ def run_serve_bench(args: argparse.Namespace) -> dict[str, Any]:
             result["server"] = {"launched": True, "command": server.command_line}
             target = make_target(args, server.base_url)
             result["model"] = target.model
-            result["runs"] = run_rates_watched(args, target, workload, rates, result)
+            result["runs"] = run_rates_watched(args, target, workload, rates, result,
+                                               server.cpu_times)
     else:
         base_url = args.base_url or f"http://{args.host}:{args.port}"
         result["server"] = {"launched": False, "base_url": base_url}

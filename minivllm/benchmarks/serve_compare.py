@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from minivllm.benchmarks.proc_cpu import process_tree_cpu
 from minivllm.benchmarks.workloads import Workload
 
 
@@ -113,6 +114,11 @@ class LaunchedServer:
             time.sleep(0.5)
         raise TimeoutError(f"minivllm serve not healthy after {self.timeout:.0f} s "
                            f"(--server-timeout):\n{self.log_tail()}")
+
+    def cpu_times(self) -> dict[str, float] | None:
+        """The server's CPU seconds so far: its own process (the front end) and the
+        processes below it (the engine core); None without ``/proc`` or once it exited."""
+        return None if self.proc is None else process_tree_cpu(self.proc.pid)
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the server's output."""

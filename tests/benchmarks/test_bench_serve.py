@@ -202,6 +202,11 @@ def test_compare_offline_launches_and_stops_its_server(qwen3_dir, tmp_path) -> N
         run["output_throughput"] / result["offline"]["output_tokens_per_s"])
     command = result["server"]["command"].split()
     assert command[:2] == ["minivllm", "serve"] and "--max-num-seqs" in command
+    if Path("/proc").is_dir():  # the launched server's CPU over the timed pass
+        cpu = run["server_cpu"]
+        assert cpu["front_end_cpu_s"] > 0 and cpu["engine_core_cpu_s"] > 0
+        assert cpu["front_end_busy_share"] == pytest.approx(
+            cpu["front_end_cpu_s"] / run["duration_s"])
     assert (tmp_path / "serve_server.log").is_file()
     assert (tmp_path / "serve_offline.log").is_file()
     port = command[command.index("--port") + 1]
