@@ -39,7 +39,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size,
         async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
-        stream_interval=getattr(args, "stream_interval", 1),
+        stream_interval=args.stream_interval,
     )
 
 
