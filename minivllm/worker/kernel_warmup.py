@@ -11,7 +11,8 @@ first met during a user's run costs a second or more of compilation right then (
 throughput of a whole benchmark run, measured on the H200). minivllm removes both
 causes: the host-to-device copies keep every tensor 16-byte aligned (see
 ``copy_to_device``), and this warm-up launches each attention configuration the
-heuristics can choose, the linear layers' small-M kernel for each layer shape, the
+heuristics can choose, the linear layers' small-M kernel for each layer shape, the fused
+gate/up + SiLU-and-mul kernel for each of its tile configurations, the
 sampler's one-pass kernel, and the LM head at every row count a step samples (cuBLAS,
 not Triton: nothing compiles, but the first GEMM of a new shape costs milliseconds). The
 other layer kernels have one variant each, compiled by the first forward pass or graph
@@ -39,7 +40,10 @@ def kernel_warmup(runner: Any) -> None:
     first-use cost)."""
     if runner.device.type == "cuda":
         from minivllm.model_executor.layers.norm_linear import warm_up_norm_gemv
-        from minivllm.model_executor.layers.utils import warm_up_small_m_kernels
+        from minivllm.model_executor.layers.utils import (
+            warm_up_gate_up_silu,
+            warm_up_small_m_kernels,
+        )
 
         with torch.inference_mode():
             warm_up_small_m_kernels(runner.model)
@@ -48,6 +52,7 @@ def kernel_warmup(runner: Any) -> None:
             warm_up_logits(runner)
             for model in _models(runner):
                 warm_up_kv_cache_write(model)
+                warm_up_gate_up_silu(model)  # gate_up_proj + SiLU-and-mul of decode
     if runner.attn_backend.name != "triton" or runner.device.type != "cuda":
         return
     from minivllm.attention.backends.triton_attn import warm_up_attention

@@ -20,6 +20,7 @@ from minivllm.config import ModelConfig
 from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.norm_linear import NORM_GEMV_ENV
 from minivllm.model_executor.layers.qk_norm_rope import FUSED_QK_NORM_ROPE_ENV
+from minivllm.model_executor.layers.utils import GATE_UP_SILU_MAX_M_ENV
 from minivllm.model_executor.loader import get_model
 from minivllm.model_executor.models.llama import LlamaForCausalLM
 from minivllm.model_executor.models.qwen2 import Qwen2ForCausalLM
@@ -208,3 +209,28 @@ def test_decode_layer_kernel_launches(arch, switches, expected, tmp_path, monkey
         with mode:
             runner.step([[NEXT_TOKENS[0]]])
     assert mode.ops == expected
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="forces the kernels onto CPU tensors")
+@pytest.mark.parametrize(
+    "limit,mlp",
+    [("256", ["gate_up_silu", "skinny_gemm"]), ("0", ["mm", "silu_and_mul", "skinny_gemm"])],
+    ids=["fused", "apart"],
+)
+def test_decode_layer_kernel_launches_at_three_sequences(limit, mlp, tmp_path, monkeypatch):
+    """From three rows on, the norm + GEMV fusion (one or two rows) no longer applies and
+    down_proj no longer takes SiLU-and-mul into its loads: gate/up and the activation are
+    then one kernel (the default) or two (``MINIVLLM_GATE_UP_SILU_MAX_M=0``)."""
+    for switch in (QK, NORM):
+        monkeypatch.delenv(switch, raising=False)
+    monkeypatch.setenv(GATE_UP_SILU_MAX_M_ENV, limit)
+    model = _load(make_tiny_model("qwen3", tmp_path, num_hidden_layers=2))
+    runner = PagedForward(model, num_seqs=3)
+    mode = _KernelOps(model.model.layers[1])
+    with CustomOp.force("cuda"):
+        runner.step([prompt[:2] for prompt in PROMPTS])
+        mode.ops.clear()
+        with mode:
+            runner.step([[token] for token in NEXT_TOKENS])
+    assert mode.ops == [*UNFUSED, "qk_norm_rope", "attention", "skinny_gemm",
+                        "fused_add_rms_norm", *mlp]  # fmt: skip

@@ -43,16 +43,39 @@ FUSED_ACTIVATION_MAX_M = 2
 
 def gemv_max_m() -> int:
     """The row limit of the small-M kernel: ``MINIVLLM_GEMV_MAX_M``, or the default."""
-    raw = os.environ.get(GEMV_MAX_M_ENV, "")
+    return _row_limit(GEMV_MAX_M_ENV, DEFAULT_GEMV_MAX_M)
+
+
+def _row_limit(env: str, default: int) -> int:
+    """A row limit from the environment variable ``env`` (an integer >= 0), or ``default``."""
+    raw = os.environ.get(env, "")
     if raw == "":
-        return DEFAULT_GEMV_MAX_M
+        return default
     try:
         value = int(raw)
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"{GEMV_MAX_M_ENV} must be an integer >= 0, got {raw!r}")
+        raise ValueError(f"{env} must be an integer >= 0, got {raw!r}")
     return value
+
+
+#: Environment switch: the most rows for which ``gate_up_proj`` and SiLU-and-mul run as one
+#: kernel (``triton_gate_up_silu.py``); ``MINIVLLM_GATE_UP_SILU_MAX_M=0`` keeps them apart.
+GATE_UP_SILU_MAX_M_ENV = "MINIVLLM_GATE_UP_SILU_MAX_M"
+#: Two H200 sweeps (``docs/benchmarks/perf20``): up to 64 rows the fused kernel's best
+#: tiling beat cuBLAS followed by the activation kernel at every batch measured, by 0.4 to
+#: 1.4 us per layer; from 80 rows on cuBLAS's GEMM alone gains more over a Triton tiling
+#: than the activation's launch costs, and the fused kernel lost by 0.4 to 1.9 us.
+DEFAULT_GATE_UP_SILU_MAX_M = 64
+
+
+def gate_up_silu_max_m() -> int:
+    """The row limit of the fused gate/up kernel: ``MINIVLLM_GATE_UP_SILU_MAX_M``, or the
+    default."""
+    return _row_limit(GATE_UP_SILU_MAX_M_ENV, DEFAULT_GATE_UP_SILU_MAX_M)
+
+
 #: ``MINIVLLM_GEMV_PDL=1``: launch with programmatic dependent launch (read once).
 PDL_ENV = "MINIVLLM_GEMV_PDL"
 _PDL_ENV = os.environ.get(PDL_ENV, "0")
@@ -134,6 +157,25 @@ def kernel_wins(n: int, k: int, device: torch.device) -> bool:
     return n <= k or pdl_enabled(device)
 
 
+#: The fused gate/up kernel's tiles by batch: ``(most rows, config)``, the first entry
+#: whose bound holds ``M``. The best tilings of the H200 sweep of
+#: ``minivllm/benchmarks/kernel_gate_up.py`` on Qwen3-0.6B's gate_up_proj
+#: (``docs/benchmarks/perf20``): 32 output columns (64 weight rows) and 128 inputs per
+#: step throughout; one row block of 16 up to 32 rows (two warps from 24 rows on), then
+#: blocks of 64 rows.
+GATE_UP_SILU_TABLE: tuple[tuple[int, GemvConfig], ...] = (
+    (16, GemvConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)),
+    (32, GemvConfig(block_m=16, block_n=32, block_k=128, num_warps=2, num_stages=4)),
+    (1 << 30, GemvConfig(block_m=64, block_n=32, block_k=128, num_warps=4, num_stages=4)),
+)
+
+
+def gate_up_silu_config(m: int, d: int, k: int) -> GemvConfig:
+    """The fused gate/up kernel's launch configuration for ``x [m, k]`` and ``d`` outputs
+    (:data:`GATE_UP_SILU_TABLE`; the shape beyond ``m`` does not change the choice yet)."""
+    return next(config for bound, config in GATE_UP_SILU_TABLE if m <= bound)
+
+
 def pdl_enabled(device: torch.device) -> bool:
     """Whether the layers launch with programmatic dependent launch on ``device``:
     ``MINIVLLM_GEMV_PDL=1`` and a Hopper or newer GPU."""
@@ -187,3 +229,37 @@ def warm_up_small_m_kernels(model: nn.Module) -> int:
                 launches += 1
     return launches
 
+
+def warm_up_gate_up_silu(model: nn.Module) -> int:
+    """Compile every variant of the fused gate/up kernel ``model``'s MLPs can launch.
+
+    The kernel does not specialise on ``M``, so one launch per tile configuration of
+    :data:`GATE_UP_SILU_TABLE` that a batch within the row limits reaches, for each
+    distinct weight shape, compiles them all. An MLP is any module with a
+    ``fuses_gate_up_act`` method and a ``gate_up_proj`` (``LlamaMLP``). Returns the
+    number of launches (0 when the fusion does not apply here).
+    """
+    from minivllm.model_executor.layers import triton_gate_up_silu  # Triton is optional
+
+    limit = gate_up_silu_max_m()
+    seen: set[tuple] = set()
+    launches = 0
+    for module in model.modules():
+        fuses = getattr(module, "fuses_gate_up_act", None)
+        if fuses is None:
+            continue
+        weight = module.gate_up_proj.weight
+        key = (tuple(weight.shape), weight.dtype, weight.device)
+        if key in seen:
+            continue
+        seen.add(key)
+        below = FUSED_ACTIVATION_MAX_M  # rows up to here never reach the kernel
+        for bound, _ in GATE_UP_SILU_TABLE:
+            rows = min(bound, limit)
+            if rows > below:
+                x = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+                if fuses(x):
+                    triton_gate_up_silu.gate_up_silu(x, weight)
+                    launches += 1
+            below = max(below, bound)
+    return launches

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.layer import Attention, KVCacheUpdate
+from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.activation import SiluAndMul
 from minivllm.model_executor.layers.layernorm import RMSNorm
 from minivllm.model_executor.layers.linear import (
@@ -39,6 +40,7 @@ from minivllm.model_executor.layers.rotary_embedding import (
     get_rope,
     rope_parameters_from_config,
 )
+from minivllm.model_executor.layers.utils import FUSED_ACTIVATION_MAX_M, gate_up_silu_max_m
 from minivllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
@@ -88,7 +90,23 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]``."""
+        if self.fuses_gate_up_act(x):
+            from minivllm.model_executor.layers import triton_gate_up_silu  # Triton is optional
+
+            return self.down_proj(triton_gate_up_silu.gate_up_silu(x, self.gate_up_proj.weight))
         return self.forward_gate_up(self.gate_up_proj(x))
+
+    def fuses_gate_up_act(self, x: torch.Tensor) -> bool:
+        """Whether ``forward`` runs ``gate_up_proj`` and ``act_fn`` as one kernel on ``x``
+        (``triton_gate_up_silu.py``): on CUDA, without a bias, for more rows than
+        ``down_proj`` fuses the activation into (``FUSED_ACTIVATION_MAX_M``) and at most
+        ``MINIVLLM_GATE_UP_SILU_MAX_M``."""
+        return (
+            CustomOp.selected_impl(x.device) == "cuda"
+            and self.gate_up_proj.bias is None
+            and FUSED_ACTIVATION_MAX_M < x.shape[0] <= gate_up_silu_max_m()
+            and x.dtype == self.gate_up_proj.weight.dtype
+        )
 
     def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The rest of ``forward`` from ``gate_up_proj``'s output ``[T, 2 * intermediate]``
@@ -179,7 +197,9 @@ class LlamaDecoderLayer(nn.Module):
     each residual add happens inside the following ``RMSNorm`` call (fused add + norm),
     and each norm is handed together with the projection after it to
     ``rms_norm_linear``: at one or two tokens on a GPU, add, norm and projection are one
-    kernel; elsewhere it is the norm call, then the projection.
+    kernel; elsewhere it is the norm call, then the projection. From three tokens up to
+    ``MINIVLLM_GATE_UP_SILU_MAX_M`` on a GPU, the MLP's first projection instead takes the
+    activation into its kernel (``LlamaMLP.fuses_gate_up_act``), after the norm alone.
 
     Args:
         config: The Hugging Face config.
@@ -212,6 +232,9 @@ class LlamaDecoderLayer(nn.Module):
             self.input_layernorm, self.self_attn.qkv_proj, hidden_states, residual
         )
         hidden_states = self.self_attn.forward_qkv(positions, qkv)
+        if self.mlp.fuses_gate_up_act(hidden_states):
+            hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+            return self.mlp(hidden_states), residual
         gate_up, residual = rms_norm_linear(
             self.post_attention_layernorm, self.mlp.gate_up_proj, hidden_states, residual
         )
