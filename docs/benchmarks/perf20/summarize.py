@@ -4,16 +4,19 @@
 two tile sweeps of the fused gate/up + SiLU-and-mul kernel (call1/ and call2/
 kernel_gate_up.json), the row limit the second one set (call2/limit.txt), and the
 ``bench throughput`` runs of the three calls: each process's timed runs at temperature 0.6
-(the sampled run and the repeats), the fused kernel on or off (``MINIVLLM_GATE_UP_SILU_MAX_M``).
+(the sampled run and the repeats), the fused kernel on or off (``MINIVLLM_GATE_UP_SILU_MAX_M``);
+and the third call's cold run with its log, beside the twentieth round's (perf18/call2).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
 HERE = Path(__file__).parent
+PERF18_COLD_LOG = HERE.parent / "perf18/call2/throughput_cold.log"  # the twentieth round's
 # (call, tag, off files, on files): the A/B pairs, alternating processes in each call.
 AB = [
     ("call1", "full", ["tp_1_off", "tp_3_off"], ["tp_2_on", "tp_4_on"]),
@@ -133,6 +136,15 @@ def main() -> None:
                 100 * (c["first_run"]["seconds"] / c["second_run"]["seconds"] - 1),
             "first_kernels_compiled": c["first_run"]["kernels_compiled"],
         }  # fmt: skip
+        # The attention kernels' compile time at start-up, as each cold run's log reports
+        # it: the same kernels on both leases, so a measure of the host's compile speed.
+        for key, log in (("attention_compile_s", cold.with_suffix(".log")),
+                         ("attention_compile_s_perf18", PERF18_COLD_LOG)):
+            m = re.search(r"compiled \d+ attention kernel variants in ([\d.]+) s", log.read_text())
+            summary["cold"][key] = float(m.group(1))
+        summary["cold"]["startup_s"] = json.loads(cold.read_text())["cold"]["startup_s"]
+        summary["cold"]["startup_s_perf18"] = json.loads(
+            PERF18_COLD_LOG.with_suffix(".json").read_text())["cold"]["startup_s"]
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
