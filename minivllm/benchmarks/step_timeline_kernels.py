@@ -38,14 +38,16 @@ IDLE_GAP_EDGES_US = (5, 20, 100, 1000)
 TOP_KERNELS = 25
 
 # (class, name fragments), tried in order on the lower-cased kernel name, first match wins.
-# Order matters: "fmha_cutlass" is attention before "cutlass" is a GEMM, and the fused
-# QK-norm + rotary kernel counts as rotary, so "norm" means the layers' RMSNorm alone.
+# Order matters: "fmha_cutlass" is attention before "cutlass" is a GEMM, the fused
+# QK-norm + rotary kernel counts as rotary, so "norm" means the layers' RMSNorm alone, and
+# the gate/up GEMM with SiLU-and-mul in its epilogue counts as a GEMM, so "activation"
+# means the activation's own kernel.
 KERNEL_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention", ("unified_attention", "reduce_segments", "flash_fwd", "fmha", "attention")),
     ("rotary", ("qk_norm_rope", "rotary", "rope")),
     ("cache_write", ("reshape_and_cache",)),
     ("sampler", ("gumbel", "argmax", "softmax", "topk", "sort", "exponential", "multinomial")),
-    ("gemm", ("nvjet", "gemm", "gemv", "cutlass", "splitkreduce", "xmma", "cublas")),
+    ("gemm", ("nvjet", "gemm", "gemv", "gate_up", "cutlass", "splitkreduce", "xmma", "cublas")),
     ("norm", ("rms_norm", "layer_norm", "norm")),
     ("activation", ("silu", "gelu", "act_and_mul")),
     ("collective", ("nccl", "all_reduce", "allreduce", "all_gather", "allgather")),

@@ -145,6 +145,7 @@ MINIVLLM_KERNELS = {
     "silu_and_mul_kernel": "activation",
     "reshape_and_cache_kernel": "cache_write",
     "skinny_gemm_kernel": "gemm",
+    "gate_up_silu_kernel": "gemm",  # its SiLU-and-mul epilogue does not make it "activation"
     "_gumbel_max_partial_kernel": "sampler",
 }
 

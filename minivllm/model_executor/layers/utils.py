@@ -12,7 +12,10 @@ that another GPU or model would redo. Nothing here needs Triton, so a layer deci
 whether it will use the kernel without importing it. The row limit a layer sends to the
 kernel (``gemv_max_m``, ``MINIVLLM_GEMV_MAX_M``) and the start-up compilation of every
 variant the layers can launch (``warm_up_small_m_kernels``) live here too, beside the
-decision they belong to, rather than in ``linear.py`` with the layers themselves.
+decision they belong to, rather than in ``linear.py`` with the layers themselves. So do
+the same three choices for the MLP's fused gate/up + SiLU-and-mul kernel
+(``triton_gate_up_silu.py``): its row limit, its tiles and its warm-up, measured by
+``minivllm/benchmarks/kernel_gate_up.py``.
 """
 
 from __future__ import annotations
@@ -64,9 +67,10 @@ def _row_limit(env: str, default: int) -> int:
 #: kernel (``triton_gate_up_silu.py``); ``MINIVLLM_GATE_UP_SILU_MAX_M=0`` keeps them apart.
 GATE_UP_SILU_MAX_M_ENV = "MINIVLLM_GATE_UP_SILU_MAX_M"
 #: Two H200 sweeps (``docs/benchmarks/perf20``): up to 64 rows the fused kernel's best
-#: tiling beat cuBLAS followed by the activation kernel at every batch measured, by 0.4 to
-#: 1.4 us per layer; from 80 rows on cuBLAS's GEMM alone gains more over a Triton tiling
-#: than the activation's launch costs, and the fused kernel lost by 0.4 to 1.9 us.
+#: tiling beat cuBLAS followed by the activation kernel at every batch of the second sweep,
+#: by 0.45 to 1.4 us per layer; from 80 rows on cuBLAS's GEMM alone gains more over any
+#: Triton tiling swept than the activation's launch costs, and the fused kernel lost by
+#: 0.3 to 1.9 us.
 DEFAULT_GATE_UP_SILU_MAX_M = 64
 
 
