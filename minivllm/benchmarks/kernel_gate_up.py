@@ -1,6 +1,6 @@
 """The fused gate/up + SiLU-and-mul kernel against cuBLAS followed by the activation
-kernel, on Qwen3-0.6B's ``gate_up_proj`` at decode batch sizes, and the tile sweep behind
-``GATE_UP_SILU_TABLE`` (GPU only).
+kernel, on Qwen3-0.6B's ``gate_up_proj`` (or another model's, ``--d`` and ``--k``) at
+decode batch sizes, and the tile sweep behind ``GATE_UP_SILU_TABLE`` (GPU only).
 
 ``python -m minivllm.benchmarks.kernel_gate_up --output OUT.json [--sweep]`` times, for
 each batch size M of ``--batches``:
@@ -37,7 +37,7 @@ from minivllm.benchmarks.kernel_gemv import L2_FLUSH_BYTES, _time_graph
 from minivllm.utils.math_utils import next_power_of_2
 
 DTYPE = torch.bfloat16
-D, K = 3072, 1024  # Qwen3-0.6B: gate_up_proj is [2 x 3072, 1024]
+D, K = 3072, 1024  # Qwen3-0.6B: gate_up_proj is [2 x 3072, 1024] (--d, --k: another model)
 BATCHES = (3, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256)
 SMEM_LIMIT = 200 << 10  # bytes a tiling's pipelined loads may take (the H200 has 227 KiB)
 
@@ -62,7 +62,8 @@ def candidate_configs(m: int) -> list:
 
 def _compile(configs: list[dict]) -> int:
     """Launch each tiling once on small inputs shaped like the real ones (every size a
-    multiple of 16): fills Triton's cache. Runs in a spawned worker."""
+    multiple of 16, which is all Triton specialises on): fills Triton's cache. Runs in a
+    spawned worker."""
     from minivllm.model_executor.layers.triton_gate_up_silu import launch_gate_up_silu
     from minivllm.model_executor.layers.utils import GemvConfig
 
@@ -95,16 +96,16 @@ def compile_in_parallel(configs: list, workers: int) -> float:
 class GateUp:
     """Inputs for one batch size: ``x``, rotating weight copies, the output, the reference."""
 
-    def __init__(self, m: int) -> None:
+    def __init__(self, m: int, d: int = D, k: int = K) -> None:
         gen = torch.Generator(device="cuda").manual_seed(m)
         self.m = m
-        w = torch.randn(2 * D, K, dtype=DTYPE, device="cuda", generator=gen) * K**-0.5
+        w = torch.randn(2 * d, k, dtype=DTYPE, device="cuda", generator=gen) * k**-0.5
         copies = max(2, -(-L2_FLUSH_BYTES // (w.numel() * DTYPE.itemsize)))
         self.weights = [w] + [w.clone() for _ in range(copies - 1)]
-        self.x = torch.randn(m, K, dtype=DTYPE, device="cuda", generator=gen)
-        self.out = torch.empty(m, D, dtype=DTYPE, device="cuda")
+        self.x = torch.randn(m, k, dtype=DTYPE, device="cuda", generator=gen)
+        self.out = torch.empty(m, d, dtype=DTYPE, device="cuda")
         gate_up = F.linear(self.x.float(), w.float())
-        self.reference = F.silu(gate_up[:, :D]) * gate_up[:, D:]
+        self.reference = F.silu(gate_up[:, :d]) * gate_up[:, d:]
         self.calls = max(20, copies)
 
     def _rotation(self) -> list[torch.Tensor]:
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> dict:
     result = {
         **environment(),
         "copy_bandwidth_bytes_per_s": measure_copy_bandwidth(),
-        "shape": {"d": D, "k": K, "dtype": str(DTYPE)},
+        "shape": {"d": args.d, "k": args.k, "dtype": str(DTYPE)},
         "timing": "CUDA graph of back-to-back calls on rotating weight copies "
         f"(>= {L2_FLUSH_BYTES >> 20} MiB, so L2 is cold), median of 10 replays",
         "rows": [],
@@ -165,9 +166,9 @@ def run(args: argparse.Namespace) -> dict:
         configs = {c for m in args.batches for c in candidate_configs(m)}
         result["compile_s"] = compile_in_parallel(sorted(configs, key=str), args.compile_workers)
     for m in args.batches:
-        shape = GateUp(m)
+        shape = GateUp(m, args.d, args.k)
         apart, cublas = shape.time_apart()
-        config = gate_up_silu_config(m, D, K)
+        config = gate_up_silu_config(m, args.d, args.k)
         row = {"m": m, "apart_us": apart, "cublas_us": cublas,
                "fused": {"config": config.__dict__, **shape.time_fused(config)}}  # fmt: skip
         if args.sweep:
@@ -193,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", default="bench-results/kernel_gate_up.json")
     parser.add_argument("--sweep", action="store_true", help="time every candidate tiling")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--d", type=int, default=D, help="outputs (the intermediate size)")
+    parser.add_argument("--k", type=int, default=K, help="inputs (the hidden size)")
     parser.add_argument("--compile-workers", type=int, default=12,
                         help="processes that compile the sweep's variants first")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=120.0,
