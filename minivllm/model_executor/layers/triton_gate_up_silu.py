@@ -100,7 +100,11 @@ def launch_gate_up_silu(
 ) -> None:
     """Launch the kernel with ``config`` (``block_m``, ``block_n``, ``block_k``, warps,
     stages; ``split_k`` must be 1): ``out[M, D] = silu(x W_gate^T) * (x W_up^T)`` for
-    ``x [M, K]`` and ``weight [2 D, K]``, each with unit stride along its last dimension."""
+    ``x [M, K]`` and ``weight [2 D, K]``, each with unit stride along its last dimension.
+
+    ``GemvConfig`` is the small-M kernel's configuration, reused for its tile fields; its
+    ``use_dot``, ``prefetch`` and ``pdl`` do not apply here (this kernel always multiplies
+    with ``tl.dot`` and launches plainly)."""
     if config.split_k != 1 or not config.block_m:
         raise ValueError(f"the fused gate/up kernel needs split_k=1 and block_m set: {config}")
     m, d = out.shape
