@@ -204,7 +204,10 @@ def test_compare_offline_launches_and_stops_its_server(qwen3_dir, tmp_path) -> N
     assert command[:2] == ["minivllm", "serve"] and "--max-num-seqs" in command
     if Path("/proc").is_dir():  # the launched server's CPU over the timed pass
         cpu = run["server_cpu"]
-        assert cpu["front_end_cpu_s"] > 0 and cpu["engine_core_cpu_s"] > 0
+        # /proc counts CPU in clock ticks (10 ms), and this pass lasts a few tens of ms, so
+        # either part may read 0 here; test_proc_cpu.py proves non-zero readings on a tree
+        # that burns a second of CPU. Here: both parts read, from the server we launched.
+        assert cpu["front_end_cpu_s"] >= 0 and cpu["engine_core_cpu_s"] >= 0
         assert cpu["front_end_busy_share"] == pytest.approx(
             cpu["front_end_cpu_s"] / run["duration_s"])
     assert (tmp_path / "serve_server.log").is_file()
