@@ -91,10 +91,15 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]``."""
         if self.fuses_gate_up_act(x):
-            from minivllm.model_executor.layers import triton_gate_up_silu  # Triton is optional
-
-            return self.down_proj(triton_gate_up_silu.gate_up_silu(x, self.gate_up_proj.weight))
+            return self.forward_fused(x)
         return self.forward_gate_up(self.gate_up_proj(x))
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` with ``gate_up_proj`` and ``act_fn`` as one kernel; only where
+        :meth:`fuses_gate_up_act` holds for ``x`` (the decoder layer asks it once)."""
+        from minivllm.model_executor.layers import triton_gate_up_silu  # Triton is optional
+
+        return self.down_proj(triton_gate_up_silu.gate_up_silu(x, self.gate_up_proj.weight))
 
     def fuses_gate_up_act(self, x: torch.Tensor) -> bool:
         """Whether ``forward`` runs ``gate_up_proj`` and ``act_fn`` as one kernel on ``x``
@@ -234,7 +239,7 @@ class LlamaDecoderLayer(nn.Module):
         hidden_states = self.self_attn.forward_qkv(positions, qkv)
         if self.mlp.fuses_gate_up_act(hidden_states):
             hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-            return self.mlp(hidden_states), residual
+            return self.mlp.forward_fused(hidden_states), residual
         gate_up, residual = rms_norm_linear(
             self.post_attention_layernorm, self.mlp.gate_up_proj, hidden_states, residual
         )
