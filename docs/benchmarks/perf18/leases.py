@@ -93,7 +93,10 @@ def side(root: Path, files: str | list[str]) -> dict:
     }
 
 
-def main(root: Path, out: Path) -> None:
+def summarize(root: Path, pairs_by_label: dict, cold_from: tuple[str, ...], command: str) -> dict:
+    """Every committed run of ``root`` labelled by kind, the kinds' ranges, the same-code
+    ``pairs_by_label`` compared, and the cold first runs of the rounds in ``cold_from``
+    by kind (a later round's ``leases.py`` calls this with its own pairs and rounds)."""
     runs = []
     for path in sorted(root.glob("perf*/**/*.json")):
         data = json.loads(path.read_text())
@@ -113,7 +116,7 @@ def main(root: Path, out: Path) -> None:
         k: [r["copy_bandwidth"] for r in runs if r["kind"] == k] for k in ("kind_422", "kind_4245")
     }
     pairs = {}
-    for label, (a, b) in PAIRS.items():
+    for label, (a, b) in pairs_by_label.items():
         fast, slow = side(root, a), side(root, b)
         assert fast["kind"] == "kind_4245" and slow["kind"] == "kind_422", label
         pairs[label.replace(" ", "_")] = {
@@ -128,7 +131,7 @@ def main(root: Path, out: Path) -> None:
         r
         for r in runs
         if r["file"].endswith(tuple(f"throughput_cold{s}.json" for s in ("", "_2", "_3")))
-        and r["file"].startswith(COLD_FROM)
+        and r["file"].startswith(cold_from)
         and r["file"] not in NOT_ENGINE
     ]
     cold_by_kind = {
@@ -150,11 +153,10 @@ def main(root: Path, out: Path) -> None:
             at_or_above_70=sum(f >= 0.70 for f in fractions),
         )
     last_422 = max(r["date_utc"] for r in runs if r["kind"] == "kind_422")
-    result = {
+    return {
         "what": "committed throughput runs sorted by the copy bandwidth their process measured "
         "(two groups: two kinds of H200 behind the leases); nothing measured here",
-        "command": "python3 docs/benchmarks/perf18/leases.py docs/benchmarks "
-        "docs/benchmarks/perf18/leases.json",
+        "command": command,
         "threshold_bytes_per_s": THRESHOLD,
         "kinds": {
             k: {"runs": len(v), "min_bytes_per_s": min(v), "max_bytes_per_s": max(v)}
@@ -169,8 +171,18 @@ def main(root: Path, out: Path) -> None:
         "cold_first_runs_by_kind": cold_by_kind,
         "runs": runs,
     }
+
+
+def write(result: dict, out: Path) -> None:
+    """Write ``result`` to ``out`` and print it without its list of runs."""
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1)[:3000])
+
+
+def main(root: Path, out: Path) -> None:
+    command = ("python3 docs/benchmarks/perf18/leases.py docs/benchmarks "
+               "docs/benchmarks/perf18/leases.json")  # fmt: skip
+    write(summarize(root, PAIRS, COLD_FROM, command), out)
 
 
 if __name__ == "__main__":
